@@ -1,0 +1,416 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultMaxPayloadBytes is Kafka's default message size limit, rounded
+// down to 1 MiB.
+const DefaultMaxPayloadBytes = 1 << 20
+
+// DefaultLockBuckets bounds how many distinct advisory locks one EmitBatch
+// takes: aggregates hash into this many keys. Advisory locks live in the
+// shared lock table (max_locks_per_transaction x max_connections, 6,400
+// slots by default), so one key per aggregate would let a large batch fill it.
+const DefaultLockBuckets = 1024
+
+// Config configures a Producer. The zero value is usable.
+type Config struct {
+	// Tables names the outbox table. Defaults to public.events_outbox.
+	Tables Tables
+	// TopicPrefix is prepended to the topic derived from an event's type;
+	// Emit checks the result is a valid topic. It must match the relayer's.
+	// Defaults to "".
+	TopicPrefix string
+	// MaxPayloadBytes is the largest serialised payload Emit accepts.
+	// Defaults to DefaultMaxPayloadBytes (1 MiB).
+	MaxPayloadBytes int
+	// DisableAggregateLock turns off the per-aggregate advisory lock. With
+	// it off, two transactions emitting for one aggregate may commit out of
+	// id order, and the relayer may then publish them out of commit order.
+	// Turn it off only when no consumer relies on per-aggregate order.
+	// Defaults to false (lock on).
+	DisableAggregateLock bool
+	// LockBuckets is the number of advisory lock keys aggregates hash into.
+	// Defaults to DefaultLockBuckets.
+	LockBuckets int
+	// DisableNotify stops Emit from sending a NOTIFY that wakes idle
+	// relayers at commit. NOTIFY serialises notifying commits on a global
+	// lock; with it off, relayers find new rows at their poll interval.
+	// Defaults to false (notify on).
+	DisableNotify bool
+}
+
+// Producer writes events into the outbox inside the caller's transaction.
+// It is safe for concurrent use. The package-level Emit functions use a
+// Producer with the default Config.
+type Producer struct {
+	cfg       Config
+	insertSQL string
+	lockNS    int32
+	channel   string
+}
+
+// NewProducer validates cfg, applies its defaults and prepares the insert
+// statement.
+func NewProducer(cfg Config) (*Producer, error) {
+	if err := cfg.Tables.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Tables = cfg.Tables.WithDefaults()
+	if cfg.MaxPayloadBytes == 0 {
+		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
+	}
+	if cfg.MaxPayloadBytes < 0 {
+		return nil, fmt.Errorf("outbox: MaxPayloadBytes is %d; use a positive limit, or 0 for the default", cfg.MaxPayloadBytes)
+	}
+	if cfg.LockBuckets == 0 {
+		cfg.LockBuckets = DefaultLockBuckets
+	}
+	if cfg.LockBuckets < 0 {
+		return nil, fmt.Errorf("outbox: LockBuckets is %d; use a positive number, or 0 for the default", cfg.LockBuckets)
+	}
+	if cfg.TopicPrefix != "" {
+		if err := ValidateTopic(cfg.TopicPrefix + "x"); err != nil {
+			return nil, fmt.Errorf("outbox: TopicPrefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
+		}
+	}
+	p := &Producer{
+		cfg:     cfg,
+		lockNS:  cfg.Tables.LockNamespace(),
+		channel: cfg.Tables.Channel(),
+	}
+	p.insertSQL = buildInsertSQL(cfg.Tables.OutboxIdent(), !cfg.DisableNotify)
+	return p, nil
+}
+
+// Config returns the producer's configuration with defaults applied.
+func (p *Producer) Config() Config { return p.cfg }
+
+// The insert is one statement so a batch costs one round trip:
+//
+//  1. the advisory locks, one per aggregate bucket, in ascending key order
+//     (so two batches cannot deadlock on each other), are taken in an
+//     InitPlan that runs before the first row is produced, hence before any
+//     id is drawn from the sequence: a second emitter on the same aggregate
+//     waits here until the first commits, and then draws a larger id. That
+//     makes id order equal commit order per aggregate;
+//  2. rows are inserted in input order (ORDER BY ord; volatile defaults such
+//     as nextval are evaluated after the sort), so ids ascend with the input;
+//  3. pg_notify is delivered at commit only, and Postgres folds identical
+//     notifications of one transaction into one.
+//
+// Parameters are arrays, which keeps the statement text fixed (one prepared
+// statement whatever the batch size) and works through database/sql drivers
+// that only send text.
+func buildInsertSQL(table string, notify bool) string {
+	var b strings.Builder
+	b.WriteString(`WITH locked AS MATERIALIZED (
+  SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) WITH ORDINALITY AS l(k, n) ORDER BY n
+)`)
+	if notify {
+		b.WriteString(`, notified AS MATERIALIZED (SELECT pg_notify($7::text, ''))`)
+	}
+	b.WriteString("\nINSERT INTO ")
+	b.WriteString(table)
+	b.WriteString(` (aggregate_id, type, payload, headers)
+SELECT e.aggregate_id, e.type, e.payload::jsonb, NULLIF(e.headers, '')::jsonb
+FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, ord)
+WHERE (SELECT count(*) FROM locked) >= 0`)
+	if notify {
+		b.WriteString(` AND (SELECT count(*) FROM notified) >= 0`)
+	}
+	b.WriteString("\nORDER BY e.ord\nRETURNING id")
+	return b.String()
+}
+
+// Querier is what Emit needs from a pgx transaction. pgx.Tx satisfies it.
+// Emit is only atomic with your business writes when this is the
+// transaction that makes them.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// SQLQuerier is what EmitSQL needs from a database/sql transaction. *sql.Tx
+// satisfies it.
+type SQLQuerier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// Emit writes one event into the outbox within tx and returns its id (the
+// event_id header consumers will see). The event exists iff tx commits.
+func (p *Producer) Emit(ctx context.Context, tx Querier, ev Event) (int64, error) {
+	ids, err := p.EmitBatch(ctx, tx, []Event{ev})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// EmitBatch writes events into the outbox within tx in one round trip and
+// returns their ids, in input order. Every event is validated first: on a
+// validation error nothing is sent and tx is untouched.
+func (p *Producer) EmitBatch(ctx context.Context, tx Querier, events []Event) ([]int64, error) {
+	args, err := p.prepare(events, false)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, p.insertSQL, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+	}
+	return p.orderIDs(ids, len(events))
+}
+
+// EmitSQL is Emit for a database/sql transaction (any Postgres driver).
+func (p *Producer) EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64, error) {
+	ids, err := p.EmitBatchSQL(ctx, tx, []Event{ev})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// EmitBatchSQL is EmitBatch for a database/sql transaction.
+func (p *Producer) EmitBatchSQL(ctx context.Context, tx SQLQuerier, events []Event) ([]int64, error) {
+	args, err := p.prepare(events, true)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.QueryContext(ctx, p.insertSQL, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+	}
+	defer rows.Close()
+	ids := make([]int64, 0, len(events))
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+	}
+	return p.orderIDs(ids, len(events))
+}
+
+// orderIDs maps RETURNING's ids back to input order. Ids were drawn in input
+// order by one session, so they ascend with it; sorting is enough.
+func (p *Producer) orderIDs(ids []int64, n int) ([]int64, error) {
+	if len(ids) != n {
+		return nil, fmt.Errorf("outbox: insert into %s returned %d ids for %d events", p.cfg.Tables.OutboxIdent(), len(ids), n)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// prepare validates events and builds the statement's arguments. With text
+// set, arrays are passed as Postgres array literals (for database/sql
+// drivers that cannot bind Go slices).
+func (p *Producer) prepare(events []Event, text bool) ([]any, error) {
+	if len(events) == 0 {
+		return nil, ErrEmptyBatch
+	}
+	aggs := make([]string, len(events))
+	types := make([]string, len(events))
+	payloads := make([]string, len(events))
+	headers := make([]string, len(events))
+	var keys []int32
+	for i, ev := range events {
+		payload, hdr, err := p.validate(ev)
+		if err != nil {
+			if len(events) > 1 {
+				return nil, fmt.Errorf("event %d of %d: %w", i, len(events), err)
+			}
+			return nil, err
+		}
+		aggs[i] = ev.AggregateID.String()
+		types[i] = ev.Type
+		payloads[i] = string(payload)
+		headers[i] = hdr
+		if !p.cfg.DisableAggregateLock {
+			keys = append(keys, p.lockKey(ev.AggregateID))
+		}
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	if keys == nil {
+		keys = []int32{}
+	}
+	if !text {
+		args := []any{p.lockNS, keys, aggs, types, payloads, headers}
+		if !p.cfg.DisableNotify {
+			args = append(args, p.channel)
+		}
+		return args, nil
+	}
+	args := []any{p.lockNS, int32ArrayLiteral(keys), textArrayLiteral(aggs), textArrayLiteral(types), textArrayLiteral(payloads), textArrayLiteral(headers)}
+	if !p.cfg.DisableNotify {
+		args = append(args, p.channel)
+	}
+	return args, nil
+}
+
+func (p *Producer) lockKey(id uuid.UUID) int32 {
+	h := hash32(string(id[:]))
+	return int32(h % uint32(p.cfg.LockBuckets))
+}
+
+var reservedHeaders = map[string]bool{"event_id": true, "event_type": true, "content-type": true}
+
+// validate checks one event and returns its serialised payload and headers
+// ("" for none).
+func (p *Producer) validate(ev Event) ([]byte, string, error) {
+	if ev.Type == "" {
+		return nil, "", fmt.Errorf("%w; set Event.Type, e.g. \"order.placed\"", ErrEmptyType)
+	}
+	if ev.AggregateID == uuid.Nil {
+		return nil, "", fmt.Errorf("%w (type %q); set Event.AggregateID to the id of the entity the event is about", ErrNilAggregate, ev.Type)
+	}
+	if _, err := Topic(p.cfg.TopicPrefix, ev.Type); err != nil {
+		return nil, "", err
+	}
+	payload, err := serialise(ev.Payload)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w (type %q): %s", ErrInvalidPayload, ev.Type, err)
+	}
+	if len(payload) > p.cfg.MaxPayloadBytes {
+		return nil, "", fmt.Errorf("%w: type %q payload is %s; the limit is %s (set MaxPayloadBytes, and the broker's message.max.bytes, higher, or shrink the event)",
+			ErrPayloadTooLarge, ev.Type, humanBytes(len(payload)), humanBytes(p.cfg.MaxPayloadBytes))
+	}
+	if len(ev.Headers) == 0 {
+		return payload, "", nil
+	}
+	for k := range ev.Headers {
+		if k == "" {
+			return nil, "", fmt.Errorf("%w (type %q): a header name is empty", ErrInvalidHeaders, ev.Type)
+		}
+		if reservedHeaders[k] {
+			return nil, "", fmt.Errorf("%w (type %q): header %q is set by the relayer; use another name", ErrInvalidHeaders, ev.Type, k)
+		}
+	}
+	hdr, err := json.Marshal(ev.Headers)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w (type %q): %s", ErrInvalidHeaders, ev.Type, err)
+	}
+	return payload, string(hdr), nil
+}
+
+func serialise(v any) ([]byte, error) {
+	var raw []byte
+	switch v := v.(type) {
+	case nil:
+		return nil, fmt.Errorf("payload is nil; pass a value, or json.RawMessage(`{}`) for an empty body")
+	case json.RawMessage:
+		raw = v
+	case []byte:
+		raw = v
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("cannot marshal %T: %s", v, err)
+		}
+		raw = b
+	}
+	if !json.Valid(raw) {
+		return nil, fmt.Errorf("%d bytes of raw payload are not valid JSON; pass a Go value to marshal, or fix the bytes", len(raw))
+	}
+	// JSONB rejects the \u0000 escape; catching it here keeps the failure
+	// a validation error rather than an aborted transaction.
+	if bytes.Contains(raw, []byte(`\u0000`)) {
+		return nil, fmt.Errorf("payload contains a NUL character, which Postgres JSONB cannot store")
+	}
+	return raw, nil
+}
+
+func humanBytes(n int) string {
+	switch {
+	case n >= 1<<20:
+		return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB"
+	case n >= 1<<10:
+		return strconv.FormatFloat(float64(n)/(1<<10), 'f', 1, 64) + " KiB"
+	}
+	return strconv.Itoa(n) + " bytes"
+}
+
+// textArrayLiteral renders a Postgres array literal of strings; "" stands
+// for SQL NULL only through the NULLIF in the statement, so every element
+// is quoted.
+func textArrayLiteral(vals []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range vals {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for j := 0; j < len(v); j++ {
+			if v[j] == '"' || v[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(v[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func int32ArrayLiteral(vals []int32) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range vals {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(int64(v), 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+var defaultProducer = func() *Producer {
+	p, err := NewProducer(Config{})
+	if err != nil {
+		panic(err)
+	}
+	return p
+}()
+
+// Emit writes ev into public.events_outbox within tx, with the default
+// Config. See Producer.Emit.
+func Emit(ctx context.Context, tx Querier, ev Event) (int64, error) {
+	return defaultProducer.Emit(ctx, tx, ev)
+}
+
+// EmitBatch writes events into public.events_outbox within tx, with the
+// default Config. See Producer.EmitBatch.
+func EmitBatch(ctx context.Context, tx Querier, events []Event) ([]int64, error) {
+	return defaultProducer.EmitBatch(ctx, tx, events)
+}
+
+// EmitSQL is Emit for a database/sql transaction.
+func EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64, error) {
+	return defaultProducer.EmitSQL(ctx, tx, ev)
+}
+
+// EmitBatchSQL is EmitBatch for a database/sql transaction.
+func EmitBatchSQL(ctx context.Context, tx SQLQuerier, events []Event) ([]int64, error) {
+	return defaultProducer.EmitBatchSQL(ctx, tx, events)
+}

@@ -1,0 +1,329 @@
+// Package migrate creates and upgrades the outbox schema: versioned SQL
+// migrations embedded in the binary, applied in order, each in its own
+// transaction, recorded in a bookkeeping table next to the outbox table.
+// Running Up twice is a no-op; concurrent runs serialise on an advisory lock.
+//
+//	m, err := migrate.New(outbox.Tables{})
+//	applied, err := m.Up(ctx, pool)
+package migrate
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// Migration is one embedded schema version.
+type Migration struct {
+	Version int
+	Name    string
+	up      string
+	down    string
+}
+
+// Beginner is what the migrator needs: *pgxpool.Pool and *pgx.Conn have it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migrator applies the embedded migrations to one outbox's tables.
+type Migrator struct {
+	tables     outbox.Tables
+	migrations []Migration
+	versionTbl string
+	lockKey    int64
+}
+
+// New renders the migrations for tables (defaults applied, names validated).
+func New(tables outbox.Tables) (*Migrator, error) {
+	if err := tables.Validate(); err != nil {
+		return nil, err
+	}
+	tables = tables.WithDefaults()
+	vars := map[string]string{
+		"Schema":         pgident.Quote(tables.Schema),
+		"Outbox":         tables.OutboxIdent(),
+		"Processed":      tables.ProcessedIdent(),
+		"PendingIdx":     pgident.Quote(tables.Outbox + "_pending_idx"),
+		"AggregateIdx":   pgident.Quote(tables.Outbox + "_aggregate_pending_idx"),
+		"ProcessedAtIdx": pgident.Quote(trimIdent(tables.Processed + "_processed_at_idx")),
+	}
+	migs, err := load(vars)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{
+		tables:     tables,
+		migrations: migs,
+		versionTbl: pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_migrations")),
+		lockKey:    int64(outbox.Tables.LockNamespace(tables))<<32 | 0x6d6967, // "mig"
+	}, nil
+}
+
+func trimIdent(s string) string {
+	if len(s) > pgident.MaxLen {
+		return s[:pgident.MaxLen]
+	}
+	return s
+}
+
+func load(vars map[string]string) ([]Migration, error) {
+	entries, err := fs.ReadDir(files, "sql")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		name := e.Name()
+		num, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migrate: bad migration file name %q", name)
+		}
+		raw, err := files.ReadFile("sql/" + name)
+		if err != nil {
+			return nil, err
+		}
+		tmpl, err := template.New(name).Option("missingkey=error").Parse(string(raw))
+		if err != nil {
+			return nil, fmt.Errorf("migrate: %s: %w", name, err)
+		}
+		var buf bytes.Buffer
+		if err := tmpl.Execute(&buf, vars); err != nil {
+			return nil, fmt.Errorf("migrate: %s: %w", name, err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v}
+			byVersion[v] = m
+		}
+		switch {
+		case strings.HasSuffix(rest, ".up.sql"):
+			m.Name = strings.TrimSuffix(rest, ".up.sql")
+			m.up = buf.String()
+		case strings.HasSuffix(rest, ".down.sql"):
+			m.down = buf.String()
+		default:
+			return nil, fmt.Errorf("migrate: %q is neither .up.sql nor .down.sql", name)
+		}
+	}
+	var out []Migration
+	for _, m := range byVersion {
+		if m.up == "" || m.down == "" {
+			return nil, fmt.Errorf("migrate: version %d lacks its up or down file", m.Version)
+		}
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return a.Version - b.Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			return nil, fmt.Errorf("migrate: versions must run 1, 2, 3...; found %d at position %d", m.Version, i+1)
+		}
+	}
+	return out, nil
+}
+
+// Migrations lists the embedded migrations in version order.
+func (m *Migrator) Migrations() []Migration { return slices.Clone(m.migrations) }
+
+// Latest is the highest embedded version.
+func (m *Migrator) Latest() int { return len(m.migrations) }
+
+// Status says which version a database is at.
+type Status struct {
+	// Current is the highest applied version, 0 for none.
+	Current int
+	// Latest is the highest version this binary knows.
+	Latest int
+	// Applied lists applied versions with when they were applied.
+	Applied []Applied
+}
+
+// Applied is one applied migration.
+type Applied struct {
+	Version   int
+	AppliedAt time.Time
+}
+
+// UpToDate reports whether every embedded migration is applied.
+func (s Status) UpToDate() bool { return s.Current == s.Latest }
+
+// ErrNewerSchema is returned when the database has migrations this binary
+// does not know: an older binary must not touch a newer schema.
+var ErrNewerSchema = errors.New("migrate: database schema is newer than this binary")
+
+// Status reads the applied versions. A database never migrated is at 0.
+func (m *Migrator) Status(ctx context.Context, db Beginner) (Status, error) {
+	st := Status{Latest: m.Latest()}
+	err := m.inTx(ctx, db, false, func(tx pgx.Tx) error {
+		applied, err := m.applied(ctx, tx)
+		st.Applied = applied
+		if len(applied) > 0 {
+			st.Current = applied[len(applied)-1].Version
+		}
+		return err
+	})
+	return st, err
+}
+
+// Validate returns an error unless the database is at the latest version.
+func (m *Migrator) Validate(ctx context.Context, db Beginner) error {
+	st, err := m.Status(ctx, db)
+	if err != nil {
+		return err
+	}
+	if st.Current > st.Latest {
+		return fmt.Errorf("%w: it is at version %d, this binary knows up to %d; upgrade outbox", ErrNewerSchema, st.Current, st.Latest)
+	}
+	if st.Current < st.Latest {
+		return fmt.Errorf("migrate: %s is at schema version %d of %d; run `outbox migrate up`", m.tables.OutboxIdent(), st.Current, st.Latest)
+	}
+	return nil
+}
+
+// Up applies every pending migration, each in its own transaction, and
+// returns the versions it applied (none when up to date).
+func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
+	var done []int
+	for {
+		var applied int
+		err := m.inTx(ctx, db, true, func(tx pgx.Tx) error {
+			cur, err := m.current(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if cur > m.Latest() {
+				return fmt.Errorf("%w: it is at version %d, this binary knows up to %d; upgrade outbox", ErrNewerSchema, cur, m.Latest())
+			}
+			if cur == m.Latest() {
+				return nil
+			}
+			next := m.migrations[cur]
+			if _, err := tx.Exec(ctx, next.up); err != nil {
+				return fmt.Errorf("migrate: version %d (%s): %w", next.Version, next.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "INSERT INTO "+m.versionTbl+" (version) VALUES ($1)", next.Version); err != nil {
+				return err
+			}
+			applied = next.Version
+			return nil
+		})
+		if err != nil {
+			return done, err
+		}
+		if applied == 0 {
+			return done, nil
+		}
+		done = append(done, applied)
+	}
+}
+
+// Down reverts migrations above target (0 drops the tables), newest first,
+// and returns the versions it reverted. It destroys data: the CLI asks for
+// confirmation.
+func (m *Migrator) Down(ctx context.Context, db Beginner, target int) ([]int, error) {
+	if target < 0 || target > m.Latest() {
+		return nil, fmt.Errorf("migrate: target version %d is out of range 0..%d", target, m.Latest())
+	}
+	var done []int
+	for {
+		var reverted int
+		err := m.inTx(ctx, db, true, func(tx pgx.Tx) error {
+			cur, err := m.current(ctx, tx)
+			if err != nil {
+				return err
+			}
+			if cur > m.Latest() {
+				return fmt.Errorf("%w: it is at version %d, this binary knows up to %d", ErrNewerSchema, cur, m.Latest())
+			}
+			if cur <= target {
+				return nil
+			}
+			mig := m.migrations[cur-1]
+			if _, err := tx.Exec(ctx, mig.down); err != nil {
+				return fmt.Errorf("migrate: reverting version %d (%s): %w", mig.Version, mig.Name, err)
+			}
+			if _, err := tx.Exec(ctx, "DELETE FROM "+m.versionTbl+" WHERE version = $1", mig.Version); err != nil {
+				return err
+			}
+			reverted = mig.Version
+			return nil
+		})
+		if err != nil {
+			return done, err
+		}
+		if reverted == 0 {
+			return done, nil
+		}
+		done = append(done, reverted)
+	}
+}
+
+// inTx runs fn in a transaction. With write set it first takes the
+// migration lock and makes sure the bookkeeping table exists.
+func (m *Migrator) inTx(ctx context.Context, db Beginner, write bool, fn func(pgx.Tx) error) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: connect: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	if write {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", m.lockKey); err != nil {
+			return fmt.Errorf("migrate: take migration lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgident.Quote(m.tables.Schema)); err != nil {
+			return fmt.Errorf("migrate: create schema: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+m.versionTbl+` (
+  version    INT         PRIMARY KEY,
+  applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)`); err != nil {
+			return fmt.Errorf("migrate: create %s: %w", m.versionTbl, err)
+		}
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func (m *Migrator) current(ctx context.Context, tx pgx.Tx) (int, error) {
+	var v int
+	err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+m.versionTbl).Scan(&v)
+	return v, err
+}
+
+func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]Applied, error) {
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.versionTbl).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migrate: look up %s: %w", m.versionTbl, err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, "SELECT version, applied_at FROM "+m.versionTbl+" ORDER BY version")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read %s: %w", m.versionTbl, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Applied, error) {
+		var a Applied
+		err := r.Scan(&a.Version, &a.AppliedAt)
+		return a, err
+	})
+}

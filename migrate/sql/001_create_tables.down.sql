@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS {{.Processed}};
+DROP TABLE IF EXISTS {{.Outbox}};

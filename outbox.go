@@ -1,0 +1,112 @@
+package outbox
+
+import (
+	"fmt"
+	"hash/fnv"
+
+	"github.com/google/uuid"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// Event is one event to emit. The relayer publishes it to the topic derived
+// from Type (see Topic), keyed by AggregateID, with Payload as the value.
+type Event struct {
+	// AggregateID identifies the entity the event is about. Events of one
+	// aggregate reach the broker in commit order and land in one partition.
+	AggregateID uuid.UUID
+	// Type names the event, e.g. "order.placed". The part before the first
+	// '.' is the topic.
+	Type string
+	// Payload is the event body. []byte and json.RawMessage are taken as
+	// JSON text and validated; any other value is marshalled with
+	// encoding/json. Postgres stores it as JSONB, so the published bytes are
+	// its canonical text: the same JSON value, with whitespace and key order
+	// normalised.
+	Payload any
+	// Headers are extra Kafka headers (trace context, user metadata). The
+	// names event_id, event_type and content-type are reserved.
+	Headers map[string]string
+}
+
+// Default names, used when a Tables field is empty.
+const (
+	DefaultSchema         = "public"
+	DefaultOutboxTable    = "events_outbox"
+	DefaultProcessedTable = "processed_events"
+)
+
+// Tables names the outbox's tables. Several outboxes can live in one database
+// under different names or schemas. Names are validated and always quoted.
+type Tables struct {
+	// Schema holds both tables. Defaults to "public".
+	Schema string
+	// Outbox is the outbox table. Defaults to "events_outbox".
+	Outbox string
+	// Processed is the consumer dedupe table. Defaults to "processed_events".
+	Processed string
+}
+
+// WithDefaults returns t with empty fields set to their defaults.
+func (t Tables) WithDefaults() Tables {
+	if t.Schema == "" {
+		t.Schema = DefaultSchema
+	}
+	if t.Outbox == "" {
+		t.Outbox = DefaultOutboxTable
+	}
+	if t.Processed == "" {
+		t.Processed = DefaultProcessedTable
+	}
+	return t
+}
+
+// Validate checks every name (after defaults) is a plain identifier.
+func (t Tables) Validate() error {
+	t = t.WithDefaults()
+	for _, n := range []struct{ what, name string }{
+		{"schema", t.Schema}, {"outbox table", t.Outbox}, {"processed table", t.Processed},
+	} {
+		if err := pgident.Validate(n.what, n.name); err != nil {
+			return fmt.Errorf("outbox: %w", err)
+		}
+	}
+	// Migration bookkeeping and index names derive from the outbox name.
+	if len(t.Outbox) > pgident.MaxLen-len("_aggregate_pending_idx") {
+		return fmt.Errorf("outbox: outbox table name %q is too long; keep it under %d bytes so its index names fit", t.Outbox, pgident.MaxLen-len("_aggregate_pending_idx"))
+	}
+	return nil
+}
+
+// OutboxIdent is the quoted, schema-qualified outbox table.
+func (t Tables) OutboxIdent() string {
+	t = t.WithDefaults()
+	return pgident.Qualified(t.Schema, t.Outbox)
+}
+
+// ProcessedIdent is the quoted, schema-qualified processed-events table.
+func (t Tables) ProcessedIdent() string {
+	t = t.WithDefaults()
+	return pgident.Qualified(t.Schema, t.Processed)
+}
+
+// Channel is the LISTEN/NOTIFY channel Emit notifies and the relayer listens
+// on. It is derived from the table so two outboxes do not wake each other.
+func (t Tables) Channel() string {
+	t = t.WithDefaults()
+	return fmt.Sprintf("outbox_%08x", hash32(t.Schema+"."+t.Outbox))
+}
+
+// LockNamespace is the first key of the two-key advisory locks Emit takes,
+// fixed per outbox table so they cannot collide with an application's own
+// single-key advisory locks nor with another outbox's.
+func (t Tables) LockNamespace() int32 {
+	t = t.WithDefaults()
+	return int32(hash32("outbox-emit:" + t.Schema + "." + t.Outbox))
+}
+
+func hash32(s string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return h.Sum32()
+}
