@@ -1,0 +1,83 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// DevBrokerConfig configures an embedded dev broker.
+type DevBrokerConfig struct {
+	// Listen is host:port. Port 0 picks a free port. Defaults to
+	// "127.0.0.1:0".
+	Listen string
+	// Partitions for auto-created topics. Defaults to 6.
+	Partitions int
+	// DataDir, when set, persists topics and offsets across restarts.
+	DataDir string
+	// Opts are extra kfake options (fault injection, broker configs).
+	Opts []kfake.Opt
+}
+
+// DevBroker is an in-process, Kafka-wire-compatible, single-node broker
+// (franz-go's kfake) with topic auto-creation. It is for development,
+// demos and tests; it does not replicate and keeps data in memory unless
+// given a DataDir. Any Kafka client (kcat, librdkafka, the Java client) can
+// talk to it over TCP.
+type DevBroker struct {
+	*kfake.Cluster
+}
+
+// StartDevBroker starts the broker and returns once it is listening.
+func StartDevBroker(cfg DevBrokerConfig) (*DevBroker, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	host, portStr, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: dev broker address %q: %w; write it as host:port, e.g. 127.0.0.1:9092", cfg.Listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("kafka: dev broker port %q is not a port number", portStr)
+	}
+	if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+		// The broker advertises the address it listens on; 0.0.0.0 is not
+		// an address a client can connect to.
+		return nil, fmt.Errorf("kafka: dev broker must listen on a concrete address clients can reach (e.g. 127.0.0.1:%d), not %q", port, cfg.Listen)
+	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = 6
+	}
+	if cfg.Partitions < 0 {
+		return nil, fmt.Errorf("kafka: dev broker partitions is %d; use a positive number", cfg.Partitions)
+	}
+	opts := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.AllowAutoTopicCreation(),
+		kfake.DefaultNumPartitions(cfg.Partitions),
+		// kfake always asks for 127.0.0.1; bind the requested host.
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
+			return net.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
+		}),
+	}
+	if cfg.DataDir != "" {
+		opts = append(opts, kfake.DataDir(cfg.DataDir))
+	}
+	opts = append(opts, cfg.Opts...)
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		var opErr *net.OpError
+		if errors.As(err, &opErr) {
+			return nil, fmt.Errorf("kafka: dev broker cannot listen on %s: %w (is another broker running there? pick another --listen port)", cfg.Listen, err)
+		}
+		return nil, fmt.Errorf("kafka: start dev broker: %w", err)
+	}
+	return &DevBroker{Cluster: c}, nil
+}
+
+// Addr is the broker's host:port.
+func (b *DevBroker) Addr() string { return b.ListenAddrs()[0] }

@@ -1,0 +1,142 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// Header names the relayer sets on every record.
+const (
+	HeaderEventID     = "event_id"
+	HeaderEventType   = "event_type"
+	HeaderContentType = "content-type"
+	// HeaderEventSource names the outbox a record came from, when the
+	// publisher is given a Source. event_id is unique only within one
+	// outbox; consumers make (source, event_id) their dedupe key.
+	HeaderEventSource = "event_source"
+)
+
+// Defaults for producer options that matter to the relayer.
+const (
+	// DefaultDeliveryTimeout bounds how long a batch waits for the broker
+	// before the relayer rolls it back and backs off.
+	DefaultDeliveryTimeout = 30 * time.Second
+	// DefaultMaxMessageBytes is Kafka's default message.max.bytes.
+	DefaultMaxMessageBytes = 1048588
+)
+
+// ProducerOptions are the franz-go options the relayer's client needs:
+// idempotent writes (on by default in franz-go: retries keep per-partition
+// order), the murmur2 key partitioner Kafka's Java client uses, no linger
+// (the relayer hands over whole batches and waits), a bounded delivery
+// timeout so an outage surfaces as an error, a batch limit that matches
+// Kafka's default message.max.bytes, and a request for topic auto-creation
+// (what the Java producer asks for by default; the broker's
+// auto.create.topics.enable decides).
+func ProducerOptions() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.AllowAutoTopicCreation(),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerLinger(0),
+		kgo.RecordDeliveryTimeout(DefaultDeliveryTimeout),
+		kgo.ProducerBatchMaxBytes(DefaultMaxMessageBytes),
+		kgo.UnknownTopicRetries(3),
+		kgo.MaxBufferedRecords(100_000),
+	}
+}
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// Source, when set, goes into every record's event_source header.
+	// Defaults to "" (no header).
+	Source string
+}
+
+// Publisher is a relay.Publisher on a franz-go client. The client should
+// be built with ProducerOptions (NewPublisherClient does that).
+type Publisher struct {
+	client *kgo.Client
+	source string
+}
+
+// NewPublisher wraps client.
+func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
+	return &Publisher{client: client, source: cfg.Source}
+}
+
+// NewPublisherClient builds a franz-go client for publishing from cfg.
+func NewPublisherClient(cfg ClientConfig) (*kgo.Client, error) {
+	opts, err := cfg.Options()
+	if err != nil {
+		return nil, err
+	}
+	return kgo.NewClient(append(ProducerOptions(), opts...)...)
+}
+
+// Record builds the Kafka record for one outbox message.
+func Record(m relay.Message, source string) *kgo.Record {
+	hdrs := make([]kgo.RecordHeader, 0, 4+len(m.Headers))
+	hdrs = append(hdrs,
+		kgo.RecordHeader{Key: HeaderEventID, Value: strconv.AppendInt(nil, m.ID, 10)},
+		kgo.RecordHeader{Key: HeaderEventType, Value: []byte(m.Type)},
+		kgo.RecordHeader{Key: HeaderContentType, Value: []byte("application/json")},
+	)
+	if source != "" {
+		hdrs = append(hdrs, kgo.RecordHeader{Key: HeaderEventSource, Value: []byte(source)})
+	}
+	if len(m.Headers) > 0 {
+		keys := make([]string, 0, len(m.Headers))
+		for k := range m.Headers {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			hdrs = append(hdrs, kgo.RecordHeader{Key: k, Value: []byte(m.Headers[k])})
+		}
+	}
+	return &kgo.Record{
+		Topic:     m.Topic,
+		Key:       []byte(m.AggregateID.String()),
+		Value:     m.Payload,
+		Headers:   hdrs,
+		Timestamp: m.CreatedAt,
+	}
+}
+
+// Publish produces msgs and waits for every acknowledgement.
+func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
+	recs := make([]*kgo.Record, len(msgs))
+	for i, m := range msgs {
+		recs[i] = Record(m, p.source)
+	}
+	results := p.client.ProduceSync(ctx, recs...)
+	errs := make([]error, len(msgs))
+	for i, r := range results {
+		if r.Err != nil {
+			errs[i] = Classify(r.Err)
+		}
+	}
+	return errs
+}
+
+// Classify wraps errors that retrying cannot fix with relay.Permanent.
+func Classify(err error) error {
+	for _, perm := range []error{
+		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException,
+		kerr.TopicAuthorizationFailed, kerr.InvalidRecord, kerr.UnknownTopicOrPartition,
+		kerr.PolicyViolation,
+	} {
+		if errors.Is(err, perm) {
+			return relay.Permanent(err)
+		}
+	}
+	return err
+}
