@@ -1,0 +1,37 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/outbox/kafka"
+)
+
+func newDevKafkaCmd(g *globals) *cobra.Command {
+	var cfg kafka.DevBrokerConfig
+	cmd := &cobra.Command{
+		Use:   "dev-kafka",
+		Short: "Run an embedded Kafka-wire-compatible broker for development (franz-go kfake)",
+		Long: `dev-kafka runs a single-node, in-memory (or --data persisted) broker that
+speaks the Kafka protocol, with topic auto-creation, until interrupted. Any
+Kafka client works against it: outbox relay, kcat, librdkafka, Java. It does
+not replicate: use it for development, demos and tests, not production.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			b, err := kafka.StartDevBroker(cfg)
+			if err != nil {
+				return err
+			}
+			defer b.Close()
+			fmt.Fprintf(g.stdout, "dev kafka broker listening on %s (partitions per new topic: %d)\n", b.Addr(), cfg.Partitions)
+			<-c.Context().Done()
+			fmt.Fprintln(g.stdout, "dev kafka broker stopped")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&cfg.Listen, "listen", "127.0.0.1:9092", "host:port to listen on (port 0 picks one)")
+	cmd.Flags().IntVar(&cfg.Partitions, "partitions", 6, "partitions of auto-created topics")
+	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "directory to persist topics and offsets in (default: memory only)")
+	return cmd
+}

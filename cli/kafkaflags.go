@@ -1,0 +1,66 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox/kafka"
+)
+
+// kafkaFlags are the connection flags of every command that talks to Kafka.
+type kafkaFlags struct {
+	brokers      string
+	tls          bool
+	tlsCA        string
+	tlsCert      string
+	tlsKey       string
+	tlsInsecure  bool
+	saslMech     string
+	saslUser     string
+	saslPassword string
+}
+
+func (k *kafkaFlags) register(fs *pflag.FlagSet) {
+	fs.StringVar(&k.brokers, "brokers", os.Getenv("KAFKA_BROKERS"), "Kafka brokers, comma-separated host:port; env KAFKA_BROKERS")
+	fs.BoolVar(&k.tls, "tls", false, "connect to Kafka over TLS")
+	fs.StringVar(&k.tlsCA, "tls-ca", "", "PEM file of CA certificates to trust (implies --tls)")
+	fs.StringVar(&k.tlsCert, "tls-cert", "", "PEM client certificate for mutual TLS (implies --tls)")
+	fs.StringVar(&k.tlsKey, "tls-key", "", "PEM client key for mutual TLS")
+	fs.BoolVar(&k.tlsInsecure, "tls-insecure", false, "skip TLS server certificate verification (testing only)")
+	fs.StringVar(&k.saslMech, "sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+	fs.StringVar(&k.saslUser, "sasl-user", os.Getenv("KAFKA_SASL_USER"), "SASL user; env KAFKA_SASL_USER")
+	fs.StringVar(&k.saslPassword, "sasl-password", "", "SASL password; prefer env KAFKA_SASL_PASSWORD, which keeps it out of the process list")
+}
+
+func (k *kafkaFlags) config() kafka.ClientConfig {
+	pw := k.saslPassword
+	if pw == "" {
+		pw = os.Getenv("KAFKA_SASL_PASSWORD")
+	}
+	var brokers []string
+	for _, b := range strings.Split(k.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	return kafka.ClientConfig{
+		Brokers: brokers, TLS: k.tls, CAFile: k.tlsCA, CertFile: k.tlsCert, KeyFile: k.tlsKey,
+		TLSInsecureSkipVerify: k.tlsInsecure, SASLMechanism: k.saslMech, SASLUser: k.saslUser, SASLPassword: pw,
+	}
+}
+
+// ping checks that a broker answers, with an error that says what to do.
+func pingKafka(ctx context.Context, cl *kgo.Client, brokers []string) error {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cl.Ping(pctx); err != nil {
+		return fmt.Errorf("cannot reach Kafka at %s: %s; check --brokers or KAFKA_BROKERS (for a local broker run 'outbox dev-kafka')", strings.Join(brokers, ","), oneLine(err.Error()))
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/outbox/migrate"
+)
+
+func newMigrateCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the outbox tables (up), show the schema version (status), or revert (down)",
+		Long: `migrate manages the outbox schema with versioned migrations embedded in this
+binary. 'migrate up' applies what is missing (running it twice is a no-op);
+'migrate status' prints the version a database is at; 'migrate down --to N
+--yes' reverts to version N (0 drops the tables and their data).`,
+	}
+	up := &cobra.Command{
+		Use:   "up",
+		Short: "Apply every pending migration",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			m, pool, err := g.migrator(c)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := m.Up(c.Context(), pool)
+			if err != nil {
+				return err
+			}
+			t, _ := g.tables()
+			if len(applied) == 0 {
+				fmt.Fprintf(g.stdout, "%s is up to date at version %d\n", t.OutboxIdent(), m.Latest())
+				return nil
+			}
+			for _, v := range applied {
+				fmt.Fprintf(g.stdout, "applied version %d (%s)\n", v, m.Migrations()[v-1].Name)
+			}
+			fmt.Fprintf(g.stdout, "%s is at version %d\n", t.OutboxIdent(), m.Latest())
+			return nil
+		},
+	}
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Print the schema version; exit 1 when migrations are pending",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			m, pool, err := g.migrator(c)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			st, err := m.Status(c.Context(), pool)
+			if err != nil {
+				return err
+			}
+			t, _ := g.tables()
+			fmt.Fprintf(g.stdout, "%s: version %d of %d\n", t.OutboxIdent(), st.Current, st.Latest)
+			for _, a := range st.Applied {
+				name := "unknown to this binary"
+				if a.Version <= m.Latest() {
+					name = m.Migrations()[a.Version-1].Name
+				}
+				fmt.Fprintf(g.stdout, "  %3d  %-24s applied %s\n", a.Version, name, a.AppliedAt.Format("2006-01-02 15:04:05 MST"))
+			}
+			for _, mg := range m.Migrations()[min(st.Current, st.Latest):] {
+				fmt.Fprintf(g.stdout, "  %3d  %-24s pending\n", mg.Version, mg.Name)
+			}
+			switch {
+			case st.Current > st.Latest:
+				return &exitError{code: 1, msg: "the database is newer than this binary; upgrade outbox"}
+			case st.Current < st.Latest:
+				return &exitError{code: 1, msg: "migrations pending; run 'outbox migrate up'"}
+			}
+			return nil
+		},
+	}
+	var to string
+	var yes bool
+	down := &cobra.Command{
+		Use:   "down --to VERSION --yes",
+		Short: "Revert migrations above VERSION (destroys data)",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			target, err := strconv.Atoi(to)
+			if err != nil || to == "" {
+				return fmt.Errorf("--to %q: give the version to revert to, e.g. --to 0 to drop the tables", to)
+			}
+			if !yes {
+				return fmt.Errorf("migrate down drops tables and their data; add --yes if you mean it")
+			}
+			m, pool, err := g.migrator(c)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			reverted, err := m.Down(c.Context(), pool, target)
+			if err != nil {
+				return err
+			}
+			for _, v := range reverted {
+				fmt.Fprintf(g.stdout, "reverted version %d\n", v)
+			}
+			fmt.Fprintf(g.stdout, "at version %d\n", target)
+			return nil
+		},
+	}
+	down.Flags().StringVar(&to, "to", "", "version to revert to (0 drops everything)")
+	down.Flags().BoolVar(&yes, "yes", false, "confirm that data may be destroyed")
+	cmd.AddCommand(up, status, down)
+	return cmd
+}
+
+func (g *globals) migrator(c *cobra.Command) (*migrate.Migrator, interface {
+	migrate.Beginner
+	Close()
+}, error) {
+	t, err := g.tables()
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := migrate.New(t)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := g.connect(c.Context(), 2)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, pool, nil
+}

@@ -1,0 +1,83 @@
+package cli
+
+import (
+	"errors"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+func newRelayCmd(g *globals) *cobra.Command {
+	var (
+		kf     kafkaFlags
+		cfg    relay.Config
+		source string
+	)
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Publish committed outbox events to Kafka (run any number of replicas)",
+		Long: `relay claims pending rows of the outbox table with FOR UPDATE SKIP LOCKED,
+publishes them to Kafka (topic = the event type up to its first '.', plus
+--topic-prefix; key = aggregate id; headers event_id, event_type,
+content-type and the row's own), and marks dispatched only what the broker
+acknowledged. Events of one aggregate keep their commit order, whatever the
+number of replicas. Delivery is at-least-once.
+
+It wakes on LISTEN/NOTIFY, or every --poll-interval (--poll-only behind a
+pooler in transaction mode). SIGINT/SIGTERM finish the batch in flight and
+exit 0. Database and broker outages are retried with backoff.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			t, err := g.tables()
+			if err != nil {
+				return err
+			}
+			kcfg := kf.config()
+			if len(kcfg.Brokers) == 0 {
+				return errors.New("no Kafka brokers: pass --brokers host:port or set KAFKA_BROKERS (for a local broker run 'outbox dev-kafka')")
+			}
+			client, err := kafka.NewPublisherClient(kcfg)
+			if err != nil {
+				return err
+			}
+			defer client.Close()
+			pool, err := g.connect(ctx, 4)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			if err := pingKafka(ctx, client, kcfg.Brokers); err != nil {
+				return err
+			}
+			cfg.Pool = pool
+			cfg.Publisher = kafka.NewPublisher(client, kafka.PublisherConfig{Source: source})
+			cfg.Tables = t
+			cfg.Logger = log
+			r, err := relay.New(cfg)
+			if err != nil {
+				return err
+			}
+			return r.Run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	kf.register(f)
+	f.StringVar(&cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
+	f.IntVar(&cfg.BatchSize, "batch-size", 1000, "rows per claim")
+	f.DurationVar(&cfg.PollInterval, "poll-interval", time.Second, "how often an idle relayer looks for rows without a notification")
+	f.BoolVar(&cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
+	f.IntVar(&cfg.MaxPayloadBytes, "max-payload-bytes", outbox.DefaultMaxPayloadBytes, "rows with larger payloads are held out, not sent")
+	f.DurationVar(&cfg.HoldOut, "hold-out", time.Minute, "how long an aggregate whose event the broker rejected is skipped before a retry")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long the batch in flight may take to finish after SIGTERM")
+	f.StringVar(&source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
+	return cmd
+}

@@ -1,0 +1,185 @@
+// Package cli is the `outbox` command line: one cobra command per file,
+// wired in NewRoot. cmd/outbox is a thin main around Main.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// Main runs the CLI with args and returns the process exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	root := NewRoot(stdout, stderr)
+	root.SetArgs(args)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ex *exitError
+	if errors.As(err, &ex) {
+		if ex.msg != "" {
+			fmt.Fprintln(stderr, "outbox: "+ex.msg)
+		}
+		return ex.code
+	}
+	fmt.Fprintln(stderr, "outbox: "+oneLine(err.Error()))
+	return 1
+}
+
+// exitError ends the command with a specific exit code (watchdog's 1 for
+// "something is wrong", say) and an optional message.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// globals are the flags every command shares.
+type globals struct {
+	stdout, stderr io.Writer
+	databaseURL    string
+	schema         string
+	table          string
+	processed      string
+	logLevel       string
+	logFormat      string
+}
+
+// NewRoot builds the command tree.
+func NewRoot(stdout, stderr io.Writer) *cobra.Command {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "outbox",
+		Short: "Transactional outbox for Postgres: write a row and publish an event, atomically",
+		Long: `outbox makes "write to Postgres and publish an event" atomic. Applications
+insert events into the events_outbox table in their own transaction
+(outbox.Emit); 'outbox relay' publishes committed events to Kafka, in order
+per aggregate, at least once; consumers deduplicate by event_id.
+
+Configuration comes from flags, with environment fallbacks:
+  DATABASE_URL    Postgres connection string (libpq defaults when unset)
+  KAFKA_BROKERS   comma-separated host:port list`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return fmt.Errorf("%s (see 'outbox %s --help')", err, c.Name())
+	})
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres connection string; env DATABASE_URL; libpq defaults (PGHOST, ...) when empty")
+	pf.StringVar(&g.schema, "schema", outbox.DefaultSchema, "schema holding the outbox tables")
+	pf.StringVar(&g.table, "table", outbox.DefaultOutboxTable, "outbox table name")
+	pf.StringVar(&g.processed, "processed-table", outbox.DefaultProcessedTable, "consumer dedupe table name")
+	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
+
+	root.AddCommand(
+		newMigrateCmd(g),
+		newRelayCmd(g),
+		newDevKafkaCmd(g),
+		newStatsCmd(g),
+	)
+	for _, extra := range extraCommands {
+		root.AddCommand(extra(g))
+	}
+	return root
+}
+
+// extraCommands lets other files of this package register commands
+// without editing NewRoot.
+var extraCommands []func(*globals) *cobra.Command
+
+func (g *globals) tables() (outbox.Tables, error) {
+	t := outbox.Tables{Schema: g.schema, Outbox: g.table, Processed: g.processed}
+	if err := t.Validate(); err != nil {
+		return t, err
+	}
+	return t.WithDefaults(), nil
+}
+
+func (g *globals) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", g.logLevel)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch g.logFormat {
+	case "text":
+		return slog.New(slog.NewTextHandler(g.stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(g.stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", g.logFormat)
+}
+
+// connect opens a pool and checks the server answers, with an error that
+// says where it tried and what to do.
+func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(g.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("bad database URL: %s; set --database-url or DATABASE_URL to e.g. postgres://user@localhost:5432/db", redactErr(err))
+	}
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	where := fmt.Sprintf("%s:%d/%s as %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, cfg.ConnConfig.User)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to Postgres at %s: %s; is it running? set --database-url or DATABASE_URL", where, redactErr(err))
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach Postgres at %s: %s; is it running? set --database-url or DATABASE_URL", where, redactErr(err))
+	}
+	return pool, nil
+}
+
+// redactErr keeps passwords that a driver error may quote out of output.
+func redactErr(err error) string {
+	s := oneLine(err.Error())
+	if i := strings.Index(s, "password="); i >= 0 {
+		j := strings.IndexAny(s[i:], " &)")
+		if j < 0 {
+			j = len(s) - i
+		}
+		s = s[:i] + "password=***" + s[i+j:]
+	}
+	return s
+}
+
+// envDefault returns the environment variable, or def.
+func envDefault(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// flagChanged reports whether the user set the flag explicitly.
+func flagChanged(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	return f != nil && f.Changed
+}
