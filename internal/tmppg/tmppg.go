@@ -1,0 +1,132 @@
+// Package tmppg starts a throwaway Postgres cluster in a temporary directory,
+// for `outbox demo` on a machine where no server answers. It needs initdb and
+// pg_ctl on the PATH. Postgres refuses to run as root, so when started by
+// root the cluster runs as the "postgres" user (or $OUTBOX_PG_USER).
+package tmppg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Cluster is a running throwaway cluster.
+type Cluster struct {
+	dir    string
+	pgctl  string
+	cred   *syscall.Credential
+	port   int
+	dbUser string
+}
+
+// Available reports whether initdb and pg_ctl are on the PATH.
+func Available() bool {
+	_, err1 := exec.LookPath("initdb")
+	_, err2 := exec.LookPath("pg_ctl")
+	return err1 == nil && err2 == nil
+}
+
+// Start creates and starts a cluster listening on 127.0.0.1 on a free port.
+func Start(ctx context.Context) (*Cluster, error) {
+	initdb, err := exec.LookPath("initdb")
+	if err != nil {
+		return nil, errors.New("tmppg: initdb is not on the PATH; install PostgreSQL server binaries or set DATABASE_URL")
+	}
+	pgctl, err := exec.LookPath("pg_ctl")
+	if err != nil {
+		return nil, errors.New("tmppg: pg_ctl is not on the PATH; install PostgreSQL server binaries or set DATABASE_URL")
+	}
+	c := &Cluster{pgctl: pgctl}
+	var owner *user.User
+	if os.Geteuid() == 0 {
+		name := os.Getenv("OUTBOX_PG_USER")
+		if name == "" {
+			name = "postgres"
+		}
+		owner, err = user.Lookup(name)
+		if err != nil {
+			return nil, fmt.Errorf("tmppg: running as root, and Postgres will not; no user %q to run it as (set OUTBOX_PG_USER): %w", name, err)
+		}
+		uid, _ := strconv.Atoi(owner.Uid)
+		gid, _ := strconv.Atoi(owner.Gid)
+		c.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		c.dbUser = owner.Username
+	} else {
+		u, err := user.Current()
+		if err != nil {
+			return nil, err
+		}
+		c.dbUser = u.Username
+	}
+	c.dir, err = os.MkdirTemp("", "outbox-pg-")
+	if err != nil {
+		return nil, err
+	}
+	if c.cred != nil {
+		if err := os.Chown(c.dir, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+			c.cleanup()
+			return nil, err
+		}
+	}
+	c.port, err = freePort()
+	if err != nil {
+		c.cleanup()
+		return nil, err
+	}
+	data := filepath.Join(c.dir, "data")
+	if out, err := c.run(ctx, initdb, "-D", data, "-A", "trust", "-U", c.dbUser, "--no-sync", "-E", "UTF8"); err != nil {
+		c.cleanup()
+		return nil, fmt.Errorf("tmppg: initdb: %w: %s", err, out)
+	}
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=60", c.port, c.dir)
+	if out, err := c.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(c.dir, "log"), "-w", "-t", "30", "start"); err != nil {
+		c.cleanup()
+		return nil, fmt.Errorf("tmppg: pg_ctl start: %w: %s", err, out)
+	}
+	return c, nil
+}
+
+// URL connects to the cluster's postgres database.
+func (c *Cluster) URL() string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/postgres?sslmode=disable", c.dbUser, c.port)
+}
+
+// Stop stops the cluster and removes its directory.
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := c.run(ctx, c.pgctl, "-D", filepath.Join(c.dir, "data"), "-m", "fast", "-w", "stop")
+	c.cleanup()
+	if err != nil {
+		return fmt.Errorf("tmppg: pg_ctl stop: %w: %s", err, out)
+	}
+	return nil
+}
+
+func (c *Cluster) cleanup() { _ = os.RemoveAll(c.dir) }
+
+func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = c.dir
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	return cmd.CombinedOutput()
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
