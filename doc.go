@@ -1,0 +1,44 @@
+// Package outbox is the producer side of a transactional outbox on
+// Postgres: it writes events into the events_outbox table inside the
+// caller's own transaction, so an event exists if and only if the business
+// write that emitted it committed. A separate relayer (package relay, or the
+// `outbox relay` command) publishes committed events to Kafka in order per
+// aggregate; consumers deduplicate by event id (package consumer).
+//
+// The smallest working use, inside a pgx transaction:
+//
+//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, total_cents) VALUES ($1, $2)", id, 1999); err != nil {
+//			return err
+//		}
+//		_, err := outbox.Emit(ctx, tx, outbox.Event{
+//			AggregateID: id,
+//			Type:        "order.placed", // topic "order"
+//			Payload:     map[string]any{"order_id": id, "total_cents": 1999},
+//		})
+//		return err
+//	})
+//
+// Create the tables first with `outbox migrate up` (or package migrate).
+//
+// # Order
+//
+// Emit takes a transaction-scoped advisory lock on the event's aggregate
+// (hashed into Config.LockBuckets keys, in a namespace of its own) before it
+// draws the row's id, so a second transaction emitting for the same
+// aggregate waits until the first commits: per aggregate, id order is commit
+// order, which is the order the relayer publishes in. A transaction that
+// emits for several aggregates through separate Emit calls in different
+// orders can deadlock with another doing the reverse, like any row locks:
+// Postgres aborts one of them and the caller retries it. EmitBatch takes its
+// locks in sorted order and cannot deadlock with another EmitBatch.
+// Applications that need no per-aggregate order can set
+// Config.DisableAggregateLock.
+//
+// # Validation
+//
+// Emit checks every event before anything is sent to the database and
+// returns a typed error (ErrEmptyType, ErrNilAggregate, ErrInvalidPayload,
+// ErrPayloadTooLarge, ErrInvalidTopic, ErrInvalidHeaders) that says what to
+// fix; the caller's transaction is left untouched.
+package outbox

@@ -1,0 +1,56 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// Emit inside the transaction that makes the business write.
+func ExampleEmit() {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, "") // libpq defaults / PG* environment
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer conn.Close(ctx)
+
+	orderID := uuid.New()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// ... insert the order with tx ...
+		_, err := outbox.Emit(ctx, tx, outbox.Event{
+			AggregateID: orderID,
+			Type:        "order.placed",
+			Payload:     map[string]any{"order_id": orderID, "total_cents": 1999},
+		})
+		return err
+	})
+	if err != nil {
+		fmt.Println("order not placed:", err)
+	}
+}
+
+// Validation errors are typed and say what to fix; nothing was written.
+func ExampleProducer_Emit_validation() {
+	p, _ := outbox.NewProducer(outbox.Config{})
+	_, err := p.Emit(context.Background(), nil, outbox.Event{Type: "order.placed", Payload: 1})
+	fmt.Println(errors.Is(err, outbox.ErrNilAggregate))
+	// Output: true
+}
+
+// The topic is the event type up to its first '.', after an optional prefix.
+func ExampleTopic() {
+	topic, _ := outbox.Topic("prod.", "order.placed")
+	fmt.Println(topic)
+	_, err := outbox.Topic("", "order placed")
+	fmt.Println(errors.Is(err, outbox.ErrInvalidTopic))
+	// Output:
+	// prod.order
+	// true
+}
