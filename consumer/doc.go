@@ -1,0 +1,53 @@
+// Package consumer turns at-least-once delivery into exactly-once effects.
+//
+// The core is the Processor, which knows nothing about brokers: for each
+// event it opens a transaction, inserts (consumer, source, event_id) into
+// the processed table with ON CONFLICT DO NOTHING and, only if that row is
+// new, runs the handler with the same transaction, then commits. The dedupe
+// row and the handler's writes commit or roll back together, so an event
+// delivered any number of times changes the database once per consumer
+// name. ProcessBatch does the same for many events in one transaction.
+//
+// The Consumer runs the Processor behind a Kafka group consumer (franz-go):
+// it routes records to handlers by their event_type header, commits a
+// partition's offset only past records whose transaction committed, retries
+// failing handlers with capped exponential backoff, and then writes the
+// record to a dead-letter topic (<topic>.dlq by default) with the original
+// key, value and headers plus dlq_error, dlq_consumer, dlq_attempts,
+// dlq_original_topic, dlq_original_partition and dlq_original_offset.
+// Malformed records (no event_id header, an event_id that is not a positive
+// decimal, a payload that is not JSON, a type with no handler) are
+// dead-lettered at once. A dead-lettered event is not recorded as
+// processed: replayed to its topic once the cause is fixed, it is processed
+// then. Offsets move past a dead-lettered record only after the broker
+// acknowledged its dead-letter copy.
+//
+// # Event sources
+//
+// An event's id is the id of its row in one outbox table, so it is unique
+// only within that table: two producing databases both emit an event 42. A
+// consumer that reads both must not take the second 42 for a duplicate of
+// the first. The dedupe key is therefore (consumer, source, event_id):
+// run each outbox's relayer with its own source name (relay --source,
+// kafka.PublisherConfig.Source), which it stamps on every record as the
+// event_source header, and the consumer makes it part of the key. Records
+// without the header have source "", which is correct as long as they all
+// come from one outbox. Give the sources before the second producer
+// appears: renaming a source later makes its old events look new.
+//
+// # Usage
+//
+//	c, err := consumer.New(consumer.Config{
+//		Name:   "loyalty",
+//		Pool:   pool,
+//		Client: kafka.ClientConfig{Brokers: []string{"localhost:9092"}},
+//		Topics: []string{"order"},
+//		Handlers: map[string]consumer.Handler{
+//			"order.placed": consumer.Typed(func(ctx context.Context, tx pgx.Tx, ev consumer.Event, o OrderPlaced) error {
+//				_, err := tx.Exec(ctx, "UPDATE ...", o.CustomerID)
+//				return err
+//			}),
+//		},
+//	})
+//	err = c.Run(ctx) // until ctx is cancelled
+package consumer
