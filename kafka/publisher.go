@@ -118,10 +118,16 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		recs[i] = Record(m, p.source)
 	}
 	results := p.client.ProduceSync(ctx, recs...)
+	// ProduceSync appends results in completion order, not in the order of
+	// recs: match each result to its message by record.
+	idx := make(map[*kgo.Record]int, len(recs))
+	for i, r := range recs {
+		idx[r] = i
+	}
 	errs := make([]error, len(msgs))
-	for i, r := range results {
+	for _, r := range results {
 		if r.Err != nil {
-			errs[i] = Classify(r.Err)
+			errs[idx[r.Record]] = Classify(r.Err)
 		}
 	}
 	return errs
