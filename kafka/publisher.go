@@ -102,12 +102,15 @@ func Record(m relay.Message, source string) *kgo.Record {
 			hdrs = append(hdrs, kgo.RecordHeader{Key: k, Value: []byte(m.Headers[k])})
 		}
 	}
+	// No Timestamp: franz-go stamps the produce time. It measures
+	// RecordDeliveryTimeout from the record's timestamp and fails, unsent,
+	// a record older than that; stamping created_at made every row older
+	// than the timeout (a backlog after any outage) unpublishable forever.
 	return &kgo.Record{
-		Topic:     m.Topic,
-		Key:       []byte(m.AggregateID.String()),
-		Value:     m.Payload,
-		Headers:   hdrs,
-		Timestamp: m.CreatedAt,
+		Topic:   m.Topic,
+		Key:     []byte(m.AggregateID.String()),
+		Value:   m.Payload,
+		Headers: hdrs,
 	}
 }
 
