@@ -1,0 +1,146 @@
+package bench_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox/bench"
+	"github.com/pgoutbox/outbox/cli"
+	"github.com/pgoutbox/outbox/internal/pgtest"
+)
+
+// relayChildEnv makes the test binary act as the outbox CLI, so the memory
+// scenario can run `outbox relay` as its own process without a build step.
+const relayChildEnv = "OUTBOX_BENCH_TEST_CLI"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(relayChildEnv) == "1" {
+		os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// logWriter turns progress lines into test logs.
+type logWriter struct {
+	mu  sync.Mutex
+	t   *testing.T
+	buf bytes.Buffer
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for {
+		line, err := w.buf.ReadString('\n')
+		if err != nil {
+			w.buf.WriteString(line)
+			return len(p), nil
+		}
+		w.t.Log(strings.TrimRight(line, "\n"))
+	}
+}
+
+func shortConfig(t *testing.T) bench.Config {
+	return bench.Config{
+		DatabaseURL:  pgtest.URL(),
+		Short:        true,
+		WatermillDir: "watermill",
+		RelayCommand: func(ctx context.Context, args ...string) *exec.Cmd {
+			cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"relay"}, args...)...)
+			cmd.Env = append(os.Environ(), relayChildEnv+"=1")
+			return cmd
+		},
+		Progress: &logWriter{t: t},
+	}
+}
+
+// The --short suite as a CI smoke test: every default scenario runs end to
+// end and accounts for every event. Timings are printed, never checked.
+func TestShortScenariosDrainEveryEvent(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cfg := shortConfig(t)
+	results, err := bench.Run(ctx, cfg)
+	require.NoError(t, err)
+
+	byName := map[string]bench.Result{}
+	for _, r := range results {
+		byName[r.Scenario] = r
+		var out bytes.Buffer
+		require.NoError(t, r.WriteText(&out))
+		t.Log("\n" + out.String())
+	}
+	for _, s := range bench.Scenarios() {
+		if s.Default {
+			require.Contains(t, byName, s.Name, "scenario %s returned no result", s.Name)
+		}
+	}
+
+	m := byName["emit"].Metrics
+	require.Positive(t, m["emit.transactions"])
+	require.Positive(t, m["emit.events"])
+
+	const events = 5_000 // the relay scenario's short preload
+	m = byName["relay"].Metrics
+	for _, n := range []int{1, 2, 4} {
+		key := fmt.Sprintf("relay.relayers_%d.", n)
+		require.EqualValues(t, events, m[key+"dispatched"], "%d relayer(s): dispatched", n)
+		require.GreaterOrEqual(t, m[key+"published"], float64(events), "%d relayer(s): records on the broker", n)
+	}
+
+	m = byName["latency"].Metrics
+	for _, run := range []string{"1000.notify", "1000.poll", "1000.throttled", "5000.notify", "5000.poll", "5000.throttled"} {
+		require.Positive(t, m["latency."+run+".events"], "latency run %s", run)
+	}
+
+	m = byName["scale"].Metrics
+	require.EqualValues(t, 5_000, m["scale.0.dispatched"])
+	require.EqualValues(t, 5_000, m["scale.100000.dispatched"])
+
+	m = byName["consumer"].Metrics
+	for _, run := range []string{"single", "batch_100", "batch_1000", "kafka_single", "kafka_batch"} {
+		require.EqualValues(t, 2_000, m["consumer."+run+".processed"], "consumer run %s", run)
+	}
+
+	m = byName["memory"].Metrics
+	require.EqualValues(t, 20_000, m["memory.events"])
+	require.GreaterOrEqual(t, m["memory.published"], float64(20_000))
+	require.Positive(t, m["memory.peak_rss_bytes"])
+}
+
+// The Watermill comparison builds a separate module with the go tool, which
+// downloads Watermill through the module proxy on a fresh machine.
+func TestShortWatermillForwardsEveryEvent(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds the bench/watermill module (module downloads on a fresh machine)")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("the go tool is not on PATH")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	results, err := bench.Run(ctx, shortConfig(t), "watermill")
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	require.EqualValues(t, 5_000, results[0].Metrics["watermill.events"])
+	require.Positive(t, results[0].Metrics["watermill.events_per_s"])
+}
+
+func TestRunRejectsUnknownScenario(t *testing.T) {
+	t.Parallel()
+	_, err := bench.Run(context.Background(), bench.Config{DatabaseURL: pgtest.URL()}, "emitt")
+	require.ErrorContains(t, err, `unknown scenario "emitt"`)
+	require.ErrorContains(t, err, "emit, relay")
+}

@@ -1,0 +1,259 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// order is the business row and the event payload of the emit scenarios.
+type order struct {
+	OrderID    uuid.UUID   `json:"order_id"`
+	CustomerID string      `json:"customer_id"`
+	TotalCents int64       `json:"total_cents"`
+	Currency   string      `json:"currency"`
+	Items      []orderItem `json:"items"`
+}
+
+type orderItem struct {
+	SKU        string `json:"sku"`
+	Qty        int    `json:"qty"`
+	PriceCents int64  `json:"price_cents"`
+}
+
+func newOrder(i int) order {
+	return order{
+		OrderID:    uuid.New(),
+		CustomerID: fmt.Sprintf("customer-%d", i%1000),
+		TotalCents: int64(i*7919) % 100000,
+		Currency:   "EUR",
+		Items:      []orderItem{{SKU: fmt.Sprintf("SKU-%d", i%97), Qty: 1 + i%5, PriceCents: 1999}},
+	}
+}
+
+const ordersDDL = `CREATE TABLE orders (
+  id          uuid PRIMARY KEY,
+  customer_id text NOT NULL,
+  total_cents bigint NOT NULL,
+  currency    text NOT NULL,
+  created_at  timestamptz NOT NULL DEFAULT now()
+)`
+
+const insertOrderSQL = `INSERT INTO orders (id, customer_id, total_cents, currency) VALUES ($1, $2, $3, $4)`
+
+// emitVariant is one shape of business transaction.
+type emitVariant struct {
+	name   string
+	events int  // events per transaction
+	batch  bool // one EmitBatch rather than `events` Emit calls
+	cfg    outbox.Config
+	// throttle: NOTIFY off in the producer, and at most one pg_notify per
+	// throttle from this process instead (the coalescing proposal).
+	throttle time.Duration
+}
+
+// notifyThrottle sends at most one NOTIFY per interval from this process:
+// a transaction that finds the interval passed notifies, the others do
+// not. Measured here as the proposal for NOTIFY coalescing: Postgres holds
+// a database-wide lock from a notifying transaction's pre-commit through
+// its commit record's flush, so notifying commits cannot share an fsync.
+type notifyThrottle struct {
+	channel  string
+	interval time.Duration
+	last     atomic.Int64
+}
+
+func newNotifyThrottle(channel string, interval time.Duration) *notifyThrottle {
+	return &notifyThrottle{channel: channel, interval: interval}
+}
+
+func (n *notifyThrottle) notify(ctx context.Context, tx pgx.Tx) error {
+	now := time.Now().UnixNano()
+	last := n.last.Load()
+	if now-last < int64(n.interval) || !n.last.CompareAndSwap(last, now) {
+		return nil
+	}
+	_, err := tx.Exec(ctx, "SELECT pg_notify($1, '')", n.channel)
+	return err
+}
+
+func runEmit(ctx context.Context, s *session) (*Result, error) {
+	cfg := s.cfg
+	rounds, window := pick(cfg.Short, 1, 3), pick(cfg.Short, 300*time.Millisecond, 3*time.Second)
+	e, err := s.newEnv(ctx, "emit", int32(cfg.Writers))
+	if err != nil {
+		return nil, err
+	}
+	defer e.close()
+	if err := e.exec(ctx, ordersDDL); err != nil {
+		return nil, err
+	}
+
+	res := &Result{}
+	res.param("writers", "%d concurrent transactions", cfg.Writers)
+	res.param("window", "%d rounds of %s per variant, variants interleaved; the median round is reported", rounds, window)
+	res.param("transaction", "BEGIN; INSERT INTO orders; [Emit order.placed, ~200-byte JSON payload]; COMMIT")
+
+	tables := e.tables
+	variants := []emitVariant{
+		{name: "orders insert only (no Emit)"},
+		{name: "+ Emit (defaults: NOTIFY on, aggregate lock on)", events: 1, cfg: outbox.Config{Tables: tables}},
+		{name: "+ Emit, NOTIFY off", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true}},
+		{name: "+ Emit, NOTIFY off, aggregate lock off", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true, DisableAggregateLock: true}},
+		{name: "+ Emit, NOTIFY <= 1 per 10ms per process (proposal)", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true}, throttle: 10 * time.Millisecond},
+		{name: "+ 10 x Emit", events: 10, cfg: outbox.Config{Tables: tables}},
+		{name: "+ EmitBatch of 10", events: 10, batch: true, cfg: outbox.Config{Tables: tables}},
+	}
+	type sample struct {
+		txs, events int64
+		dur         time.Duration
+		lat         []time.Duration
+	}
+	samples := make([][]sample, len(variants))
+	producers := make([]*outbox.Producer, len(variants))
+	throttles := make([]*notifyThrottle, len(variants))
+	for i, v := range variants {
+		if v.events > 0 {
+			if producers[i], err = outbox.NewProducer(v.cfg); err != nil {
+				return nil, err
+			}
+		}
+		throttles[i] = newNotifyThrottle(tables.Channel(), v.throttle)
+	}
+	var totalTx, totalEvents int64
+	for round := range rounds {
+		for i, v := range variants {
+			s.progress("emit: round %d/%d: %s", round+1, rounds, v.name)
+			txs, lat, elapsed, err := runEmitters(ctx, e, cfg.Writers, window, func(ctx context.Context, tx pgx.Tx, n int) error {
+				o := newOrder(n)
+				if _, err := tx.Exec(ctx, insertOrderSQL, o.OrderID, o.CustomerID, o.TotalCents, o.Currency); err != nil {
+					return err
+				}
+				p := producers[i]
+				switch {
+				case v.events == 0:
+					return nil
+				case v.batch:
+					evs := make([]outbox.Event, v.events)
+					for k := range evs {
+						evs[k] = outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}
+					}
+					_, err := p.EmitBatch(ctx, tx, evs)
+					return err
+				}
+				for range v.events {
+					if _, err := p.Emit(ctx, tx, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
+						return err
+					}
+				}
+				if v.throttle > 0 {
+					return throttles[i].notify(ctx, tx)
+				}
+				return nil
+			})
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", v.name, err)
+			}
+			samples[i] = append(samples[i], sample{txs: txs, events: txs * int64(v.events), dur: elapsed, lat: lat})
+			totalTx += txs
+			totalEvents += txs * int64(v.events)
+		}
+	}
+
+	// Every committed transaction left its order and its events; nothing
+	// else is there.
+	var orders int64
+	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&orders); err != nil {
+		return nil, err
+	}
+	events, err := e.count(ctx, "true")
+	if err != nil {
+		return nil, err
+	}
+	if orders != totalTx || events != totalEvents {
+		return nil, fmt.Errorf("committed %d transactions with %d events, but the tables hold %d orders and %d events", totalTx, totalEvents, orders, events)
+	}
+	res.metric("emit.transactions", float64(totalTx))
+	res.metric("emit.events", float64(totalEvents))
+
+	t := Table{Title: "business transactions", Columns: []string{"variant", "tx/s", "events/s", "vs no Emit", "tx p50 ms", "tx p99 ms"}}
+	var base float64
+	keys := []string{"none", "emit", "emit_nonotify", "emit_nonotify_nolock", "emit_throttled", "emit10", "emitbatch10"}
+	for i, v := range variants {
+		var txps, evps []float64
+		var lat []time.Duration
+		for _, sm := range samples[i] {
+			txps = append(txps, perSecond(sm.txs, sm.dur))
+			evps = append(evps, perSecond(sm.events, sm.dur))
+			lat = append(lat, sm.lat...)
+		}
+		slices.Sort(lat)
+		tx := median(txps)
+		if i == 0 {
+			base = tx
+		}
+		t.Rows = append(t.Rows, []string{v.name, rate(tx), rate(median(evps)), ratio(tx / base), ms(percentile(lat, 50)), ms(percentile(lat, 99))})
+		res.metric("emit."+keys[i]+".tx_per_s", tx)
+		res.metric("emit."+keys[i]+".events_per_s", median(evps))
+		res.metric("emit."+keys[i]+".ratio", tx/base)
+	}
+	res.Tables = append(res.Tables, t)
+	r := res.Metrics["emit.emit.ratio"]
+	res.target("emit cost", ">= 0.80x tx/s of the same tx without Emit", fmt.Sprintf("%.2fx (NOTIFY off: %.2fx)", r, res.Metrics["emit.emit_nonotify.ratio"]), r >= 0.8)
+	res.note("tx/s is limited by commits (fsync=%s, synchronous_commit=%s): Emit adds one round trip and one more WAL record to a commit that costs the same either way", setting(ctx, e, "fsync"), setting(ctx, e, "synchronous_commit"))
+	return res, nil
+}
+
+func setting(ctx context.Context, e *env, name string) string {
+	var v string
+	if err := e.pool.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
+		return "?"
+	}
+	return v
+}
+
+// runEmitters runs fn in a transaction from `writers` goroutines until
+// window has passed and returns how many transactions committed, their
+// latencies and the time it took.
+func runEmitters(ctx context.Context, e *env, writers int, window time.Duration, fn func(ctx context.Context, tx pgx.Tx, n int) error) (int64, []time.Duration, time.Duration, error) {
+	var (
+		mu   sync.Mutex
+		lat  []time.Duration
+		errs []error
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	deadline := start.Add(window)
+	for w := range writers {
+		wg.Go(func() {
+			var mine []time.Duration
+			for n := w; time.Now().Before(deadline); n += writers {
+				t0 := time.Now()
+				if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return fn(ctx, tx, n) }); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if len(errs) > 0 {
+		return 0, nil, 0, errs[0]
+	}
+	return int64(len(lat)), lat, elapsed, nil
+}

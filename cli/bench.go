@@ -1,0 +1,137 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/outbox/bench"
+)
+
+func init() { extraCommands = append(extraCommands, newBenchCmd) }
+
+func newBenchCmd(g *globals) *cobra.Command {
+	var (
+		kf         kafkaFlags
+		cfg        bench.Config
+		asJSON     bool
+		scaleRows  string
+		cpuProfile string
+	)
+	var list strings.Builder
+	for _, s := range bench.Scenarios() {
+		def := ""
+		if !s.Default {
+			def = " (not run by default)"
+		}
+		fmt.Fprintf(&list, "  %-10s %s%s\n", s.Name, s.About, def)
+	}
+	cmd := &cobra.Command{
+		Use:   "bench [scenario...]",
+		Short: "Measure emit cost, relay throughput, latency, scale, consumer throughput and relay memory",
+		Long: `bench runs load scenarios against the Postgres server (--database-url or
+DATABASE_URL) and prints what it measured. Each scenario creates its own
+schema and drops it when done, and starts an in-process dev broker per run
+unless --brokers (or KAFKA_BROKERS) names a cluster. With no scenario named,
+all default ones run. --short runs every scenario in seconds, as a smoke test.
+
+Scenarios:
+` + list.String() + `
+The Watermill comparison ('relay --watermill', or the 'watermill' scenario)
+builds the separate module in bench/watermill with the go tool: run it from
+the repository root, or pass --watermill-dir.
+
+BENCHMARKS.md holds one full run and how to reproduce it.`,
+		RunE: func(c *cobra.Command, names []string) error {
+			ctx := c.Context()
+			cfg.DatabaseURL = g.databaseURL
+			cfg.Kafka = kf.config()
+			cfg.Progress = g.stderr
+			// The relayers' and consumers' info logs would drown the
+			// progress lines; ask for them with --log-level info.
+			if !c.Flags().Changed("log-level") {
+				g.logLevel = "warn"
+			}
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			if scaleRows != "" {
+				rows, err := parseCounts(scaleRows)
+				if err != nil {
+					return err
+				}
+				cfg.ScaleRows = rows
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find this binary to run the memory scenario's relay: %w", err)
+			}
+			cfg.RelayCommand = func(ctx context.Context, args ...string) *exec.Cmd {
+				return exec.CommandContext(ctx, exe, append([]string{"relay"}, args...)...)
+			}
+			if !asJSON {
+				cfg.OnResult = func(r bench.Result) { _ = r.WriteText(g.stdout) }
+			}
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
+			start := time.Now()
+			results, runErr := bench.Run(ctx, cfg, names...)
+			if asJSON {
+				if err := json.NewEncoder(g.stdout).Encode(results); err != nil {
+					return err
+				}
+			} else if len(results) > 1 {
+				fmt.Fprintf(g.stdout, "== all targets (%s)\n", time.Since(start).Round(time.Second))
+				if err := bench.WriteTargets(g.stdout, results); err != nil {
+					return err
+				}
+			}
+			return runErr
+		},
+	}
+	f := cmd.Flags()
+	kf.register(f)
+	f.BoolVar(&cfg.Short, "short", false, "small sizes: every scenario in seconds (a smoke test; its numbers mean little)")
+	f.BoolVar(&asJSON, "json", false, "print the results as JSON for scripts (progress still goes to stderr)")
+	f.IntVar(&cfg.Writers, "writers", 8, "concurrent emitting transactions (emit, latency) and consumer workers")
+	f.IntVar(&cfg.Events, "events", 0, "relay scenario preload (default 200000; 5000 with --short)")
+	f.IntVar(&cfg.Aggregates, "aggregates", 1000, "aggregates the preloaded events spread over")
+	f.StringVar(&scaleRows, "scale-rows", "", "dispatched-row levels of the scale scenario, ascending (default 0,1000000,10000000; 0,100000 with --short)")
+	f.IntVar(&cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains (default 1000000; 20000 with --short)")
+	f.BoolVar(&cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
+	f.StringVar(&cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
+	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
+	return cmd
+}
+
+func parseCounts(s string) ([]int64, error) {
+	var out []int64
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(strings.ReplaceAll(part, "_", ""))
+		n, err := strconv.ParseInt(part, 10, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--scale-rows %q: give non-negative row counts separated by commas, e.g. 0,1000000,10000000", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

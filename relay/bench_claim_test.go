@@ -1,0 +1,103 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// ackAll is a publisher that acknowledges every message at once: with it a
+// relayer's batch is the database's work alone (claim, mark, commit).
+type ackAll struct{}
+
+func (ackAll) Publish(_ context.Context, msgs []relay.Message) []error {
+	return make([]error, len(msgs))
+}
+
+// benchPreload inserts n pending events over 1,000 aggregates and
+// vacuums, as the bench tool's preload does.
+func benchPreload(b *testing.B, db *pgtest.DB, n int) {
+	b.Helper()
+	ctx := context.Background()
+	tbl := db.Tables.OutboxIdent()
+	if _, err := db.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (aggregate_id, type, payload)
+		SELECT md5('aggregate-' || (g %% 1000))::uuid, 'order.placed',
+		  jsonb_build_object('order_id', g, 'customer_id', 'customer-' || (g %% 1000), 'total_cents', (g * 7919) %% 100000, 'currency', 'EUR')
+		FROM generate_series(1, $1) g`, tbl), n); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, "VACUUM ANALYZE "+tbl); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchDrain preloads b.N full batches and times one relayer draining
+// them: ns/op is one batch of 1,000 (claim, publish, mark, commit).
+func benchDrain(b *testing.B, pub func(b *testing.B) relay.Publisher) {
+	const batch = 1000
+	db := pgtest.New(b, pgtest.Options{MaxConns: 4})
+	benchPreload(b, db, b.N*batch)
+	var dispatched atomic.Int64
+	r, err := relay.New(relay.Config{
+		Pool: db.Pool, Publisher: pub(b), Tables: db.Tables, BatchSize: batch,
+		Logger:  slog.New(slog.DiscardHandler),
+		OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	b.ResetTimer()
+	go func() { done <- r.Run(ctx) }()
+	deadline := time.Now().Add(time.Minute + time.Duration(b.N)*time.Second)
+	for dispatched.Load() < int64(b.N*batch) {
+		if time.Now().After(deadline) {
+			b.Fatalf("dispatched %d of %d events", dispatched.Load(), b.N*batch)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.StopTimer()
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkClaim is the relayer's database work per batch of 1,000: the
+// one-statement claim-and-mark with the per-aggregate order rule, and the
+// commit, against a publisher that acknowledges at once.
+func BenchmarkClaim(b *testing.B) {
+	benchDrain(b, func(*testing.B) relay.Publisher { return ackAll{} })
+}
+
+// BenchmarkRelayBatch is a whole batch of 1,000 to an in-process kfake
+// broker: claim, build records, produce and wait for the acks, mark,
+// commit. Profile the relayer with
+//
+//	go test -run '^$' -bench RelayBatch -cpuprofile cpu.out ./relay/
+func BenchmarkRelayBatch(b *testing.B) {
+	benchDrain(b, func(b *testing.B) relay.Publisher {
+		broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(broker.Close)
+		client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(10 * time.Second)}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(client.Close)
+		return kafka.NewPublisher(client, kafka.PublisherConfig{})
+	})
+}
