@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -28,7 +29,8 @@ type Config struct {
 	Name string
 	// Pool connects to the database that holds the processed table and the
 	// tables the handlers write. It needs at least Concurrency
-	// connections. Required.
+	// connections, plus one for the checks that tell a database outage
+	// from a failing handler. Required.
 	Pool *pgxpool.Pool
 	// Tables names the processed table. Defaults to public.processed_events.
 	Tables outbox.Tables
@@ -50,9 +52,9 @@ type Config struct {
 	Middleware []Middleware
 	// MaxAttempts is how many times a failing handler runs for one record
 	// before the record is dead-lettered. A handler error wrapped with
-	// Permanent is dead-lettered after its first attempt. Database outages
-	// do not count: while the database is unreachable, records wait.
-	// Defaults to 5.
+	// Permanent is dead-lettered after its first attempt. Database outages,
+	// deadlocks and serialisation failures do not count: while the
+	// database is unreachable, records wait. Defaults to 5.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the exponential backoff (with
 	// jitter) between attempts. Default to 100ms and 5s.
@@ -70,8 +72,12 @@ type Config struct {
 	// wait while a poll's records are processed, so this bounds how long a
 	// rebalance waits. Defaults to 500.
 	MaxPollRecords int
-	// Concurrency is how many partitions are processed at once. Records of
-	// one partition are always processed in order. Defaults to 4.
+	// Concurrency is how many partitions are processed at once, each in
+	// its own transactions. Records of one partition are always processed
+	// in order. Raise it only when handlers of different partitions touch
+	// different rows: two batches that update the same rows in different
+	// orders deadlock, and Postgres takes deadlock_timeout (1s by default)
+	// to notice. Defaults to 1.
 	Concurrency int
 	// CommitInterval is how often offsets of done records are committed
 	// while the rest of a poll is still being processed; a poll's offsets
@@ -97,7 +103,8 @@ type Config struct {
 
 // Stats are cumulative counters since the Consumer was created.
 type Stats struct {
-	// Records received from Kafka, including redeliveries.
+	// Records received from Kafka, including redeliveries, and records
+	// polled again after a rebalance or shutdown cut their poll short.
 	Records int64
 	// Processed events: their handler ran and committed.
 	Processed int64
@@ -109,7 +116,8 @@ type Stats struct {
 	// Malformed records: no or bad event_id, payload not JSON, or a type
 	// with no handler.
 	Malformed int64
-	// Retries of a record whose handler failed.
+	// Retries: a record tried again after its handler failed, lost a
+	// deadlock, or the database was unreachable.
 	Retries int64
 }
 
@@ -220,7 +228,7 @@ func New(cfg Config) (*Consumer, error) {
 	}{
 		{"BatchSize", &cfg.BatchSize, 100, 10_000},
 		{"MaxPollRecords", &cfg.MaxPollRecords, 500, 100_000},
-		{"Concurrency", &cfg.Concurrency, 4, 1024},
+		{"Concurrency", &cfg.Concurrency, 1, 1024},
 	} {
 		if *f.n < 0 || *f.n > f.max {
 			return nil, fmt.Errorf("consumer: %s is %d; use 1 to %d, or 0 for the default %d", f.name, *f.n, f.max, f.def)
@@ -301,8 +309,8 @@ func (c *Consumer) Processor() *Processor { return c.proc }
 // Run consumes until ctx is cancelled, then lets the transaction in flight
 // finish (within ShutdownTimeout), commits the offsets of what is done,
 // leaves the group and returns nil. It returns an error only when it cannot
-// start (the processed table is missing), when it is called twice, or when
-// BeforeCommit stops it. Bad records never stop it: they are
+// start (the database is unreachable, or the processed table missing), when
+// it is called twice, or when BeforeCommit stops it. Bad records never stop it: they are
 // dead-lettered. Database and broker outages are waited out.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
@@ -374,7 +382,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// commit left behind. Bound the leave: a dead broker must not hold
 	// shutdown forever.
 	cl.AllowRebalance()
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ShutdownTimeout)
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
 	if err := cl.LeaveGroupContext(lctx); err != nil && runErr == nil {
 		c.log.Warn("leaving the consumer group failed; its partitions move after the session timeout", "err", err)
 	}
@@ -569,12 +577,16 @@ func (c *Consumer) processOne(stop, work context.Context, it item, prior *Handle
 			return false
 		}
 		var he *HandlerError
-		if !errors.As(err, &he) || c.pool().Ping(work) != nil {
+		if !errors.As(err, &he) || conflict(err) || c.pool().Ping(work) != nil {
 			// The database failed, not the handler (or the handler failed
-			// because the database is gone): wait, do not count an attempt.
+			// because the database is gone, or lost a deadlock or
+			// serialisation conflict with another transaction): nothing is
+			// wrong with the event, so wait and retry without counting an
+			// attempt.
 			outages++
+			c.retries.Add(1)
 			d := backoff(c.cfg.BackoffMin, c.cfg.BackoffMax, outages)
-			c.log.Warn("processing failed; database unavailable? retrying", "err", err, "event_id", it.ev.ID, "retry_in", d.Round(time.Millisecond))
+			c.log.Warn("processing failed, not for the event's fault; retrying", "err", err, "event_id", it.ev.ID, "retry_in", d.Round(time.Millisecond))
 			if !sleep(stop, d) {
 				return false
 			}
@@ -604,6 +616,14 @@ func (c *Consumer) processOne(stop, work context.Context, it item, prior *Handle
 }
 
 func (c *Consumer) pool() *pgxpool.Pool { return c.cfg.Pool }
+
+// conflict reports a deadlock or serialisation failure: transient, caused
+// by concurrent transactions (handlers of other partitions updating the
+// same rows in another order), gone on a retry.
+func conflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
 
 // dispatch routes an event to its handler. decode has made sure one exists.
 func (c *Consumer) dispatch(ctx context.Context, tx pgx.Tx, ev Event) error {
@@ -653,6 +673,10 @@ func (c *Consumer) deadLetter(stop, work context.Context, r *kgo.Record, attempt
 	}
 	return false
 }
+
+// leaveTimeout bounds leaving the group at shutdown (with the final offset
+// commit it triggers).
+const leaveTimeout = 15 * time.Second
 
 // dlqWriteTimeout bounds one dead-letter write, in case the broker neither
 // acknowledges nor refuses it.
