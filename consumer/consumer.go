@@ -42,6 +42,7 @@ type Config struct {
 	// Group is the Kafka consumer group. Defaults to Name.
 	Group string
 	// Handlers maps an event type (the event_type header) to its handler.
+	// Defaults to none; then DefaultHandler handles every type.
 	Handlers map[string]Handler
 	// DefaultHandler handles types missing from Handlers. Defaults to nil:
 	// such records are dead-lettered as malformed. Handlers or
@@ -98,6 +99,8 @@ type Config struct {
 	// error stops the consumer without committing them: Run returns the
 	// error. It exists for tests that simulate a crash between the
 	// database commit and the offset commit, and for instrumentation.
+	// Called from the consumer's goroutines, one call at a time. Defaults
+	// to nil.
 	BeforeCommit func(offsets map[string]map[int32]int64) error
 }
 
