@@ -99,6 +99,7 @@ Configuration comes from flags, with environment fallbacks:
 		newRelayCmd(g),
 		newDevKafkaCmd(g),
 		newStatsCmd(g),
+		newDemoCmd(g),
 	)
 	for _, extra := range extraCommands {
 		root.AddCommand(extra(g))

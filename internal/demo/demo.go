@@ -1,0 +1,521 @@
+// Package demo runs the seed scenario end to end: orders placed by
+// concurrent writers (some rolled back by a duplicate order id), two
+// relayers, the loyalty consumer, a forced redelivery, and a report that
+// checks every invariant. `outbox demo` is its command-line form.
+package demo
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	mrand "math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/examples/orders"
+	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/tmppg"
+	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/migrate"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// Config configures a run. The zero value is a sensible demo.
+type Config struct {
+	// DatabaseURL; "" uses libpq defaults. When no server answers and
+	// initdb/pg_ctl are on the PATH, a throwaway cluster is started.
+	DatabaseURL string
+	// NoThrowaway never starts a throwaway cluster.
+	NoThrowaway bool
+	// Brokers; empty starts an in-process dev broker.
+	Brokers kafka.ClientConfig
+	// Orders to attempt. Defaults to 400.
+	Orders int
+	// Writers placing orders concurrently. Defaults to 8.
+	Writers int
+	// DuplicateEvery: every Nth order reuses an existing order id and
+	// rolls back. Defaults to 10.
+	DuplicateEvery int
+	// Redeliver is how many dispatched events are forced out again.
+	// Defaults to 10% of the orders.
+	Redeliver int
+	// Timeout bounds the whole run. Defaults to 2m.
+	Timeout time.Duration
+	// KeepSchema leaves the demo schema in place for inspection.
+	KeepSchema bool
+	// Out receives the progress line and the report. Defaults to io.Discard.
+	Out io.Writer
+	// Progress enables the live progress line (\r-rewritten).
+	Progress bool
+	// Logger for the relayers and the consumer. Defaults to warnings only.
+	Logger *slog.Logger
+}
+
+// Report is what a run found.
+type Report struct {
+	Database, Broker, Schema                 string
+	OrdersAttempted, OrdersCommitted         int64
+	OrdersRolledBack                         int64
+	EventsEmitted, EventsInOutbox            int64
+	Published                                int64 // acknowledged by the broker, redeliveries included
+	Consumed, DuplicatesSkipped, DeadLetters int64
+	Redelivered                              int64
+	Points                                   orders.Points
+	LagP50, LagP99, LagMax                   time.Duration
+	Elapsed                                  time.Duration
+	// Failures lists broken invariants; empty means the run passed.
+	Failures []string
+}
+
+// OK reports whether every invariant held.
+func (r Report) OK() bool { return len(r.Failures) == 0 }
+
+// Run executes the demo.
+func Run(ctx context.Context, cfg Config) (rep Report, err error) {
+	start := time.Now()
+	cfg = withDefaults(cfg)
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	out := cfg.Out
+
+	// Postgres: the configured server, else a throwaway cluster.
+	url := cfg.DatabaseURL
+	admin, where, err := connect(ctx, url)
+	if err != nil {
+		if cfg.NoThrowaway || !tmppg.Available() {
+			return rep, fmt.Errorf("%w; start Postgres or set DATABASE_URL (or install initdb/pg_ctl so the demo can start its own)", err)
+		}
+		fmt.Fprintf(out, "no Postgres answered (%s); starting a throwaway cluster\n", err)
+		cluster, cerr := tmppg.Start(ctx)
+		if cerr != nil {
+			return rep, fmt.Errorf("%w; and a throwaway cluster failed: %w", err, cerr)
+		}
+		defer func() {
+			if err := cluster.Stop(); err != nil {
+				fmt.Fprintln(out, "warning:", err)
+			}
+		}()
+		url = cluster.URL()
+		if admin, where, err = connect(ctx, url); err != nil {
+			return rep, err
+		}
+	}
+	defer admin.Close()
+	rep.Database = where
+
+	// A schema of its own, dropped at the end.
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	schema := "outbox_demo_" + hex.EncodeToString(rnd[:])
+	rep.Schema = schema
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgident.Quote(schema)); err != nil {
+		return rep, fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	if !cfg.KeepSchema {
+		defer func() {
+			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer dcancel()
+			if _, err := admin.Exec(dctx, "DROP SCHEMA "+pgident.Quote(schema)+" CASCADE"); err != nil {
+				fmt.Fprintln(out, "warning: drop demo schema:", err)
+			}
+		}()
+	}
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return rep, err
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pcfg.MaxConns = int32(cfg.Writers + 8)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return rep, err
+	}
+	defer pool.Close()
+	tables := outbox.Tables{Schema: schema}.WithDefaults()
+	m, err := migrate.New(tables)
+	if err != nil {
+		return rep, err
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		return rep, err
+	}
+	if err := orders.Migrate(ctx, pool); err != nil {
+		return rep, err
+	}
+
+	// Kafka: the configured cluster, else an in-process dev broker.
+	kcfg := cfg.Brokers
+	if len(kcfg.Brokers) == 0 {
+		b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 6})
+		if err != nil {
+			return rep, err
+		}
+		defer b.Close()
+		kcfg.Brokers = []string{b.Addr()}
+		rep.Broker = "embedded dev broker at " + b.Addr()
+	} else {
+		rep.Broker = strings.Join(kcfg.Brokers, ",")
+	}
+	// Topic names carry the schema, so reruns against one real cluster do
+	// not read each other's events.
+	prefix := schema + "."
+	producer, err := outbox.NewProducer(outbox.Config{Tables: tables, TopicPrefix: prefix})
+	if err != nil {
+		return rep, err
+	}
+	fmt.Fprintf(out, "database %s, schema %s\nbroker   %s\n", rep.Database, schema, rep.Broker)
+	// Create the topics up front, as an operator would, so the first
+	// batch's latency is not the broker creating a topic.
+	if err := createTopics(ctx, kcfg, prefix+orders.Topic, prefix+orders.Topic+".dlq"); err != nil {
+		fmt.Fprintf(out, "warning: could not create topics (%s); relying on auto-creation\n", err)
+	}
+
+	// Two relayers and the loyalty consumer run until the checks are done.
+	var (
+		lagMu sync.Mutex
+		lags  []time.Duration
+		// Lag is measured on first deliveries only: a forced redelivery's
+		// created_at is long past, and would read as lag.
+		measuring atomic.Bool
+	)
+	measuring.Store(true)
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	g, gctx := errgroup.WithContext(runCtx)
+	var relayers []*relay.Relayer
+	for i := range 2 {
+		client, err := kafka.NewPublisherClient(kcfg)
+		if err != nil {
+			return rep, err
+		}
+		defer client.Close()
+		r, err := relay.New(relay.Config{
+			Pool: pool, Publisher: kafka.NewPublisher(client, kafka.PublisherConfig{Source: schema}),
+			Tables: tables, TopicPrefix: prefix, PollInterval: 200 * time.Millisecond,
+			Logger: cfg.Logger.With("relayer", i+1),
+			OnBatch: func(b relay.BatchResult) {
+				if !measuring.Load() {
+					return
+				}
+				lagMu.Lock()
+				lags = append(lags, b.Latencies...)
+				lagMu.Unlock()
+			},
+		})
+		if err != nil {
+			return rep, err
+		}
+		relayers = append(relayers, r)
+		g.Go(func() error { return r.Run(gctx) })
+	}
+	cons, err := consumer.New(consumer.Config{
+		Name: orders.LoyaltyConsumer + "-" + schema, Pool: pool, Tables: tables,
+		Client: kcfg, Topics: []string{prefix + orders.Topic},
+		Handlers: orders.Handlers(), Logger: cfg.Logger.With("consumer", orders.LoyaltyConsumer),
+	})
+	if err != nil {
+		return rep, err
+	}
+	g.Go(func() error { return cons.Run(gctx) })
+
+	published := func() int64 {
+		var n int64
+		for _, r := range relayers {
+			n += r.Stats().Dispatched
+		}
+		return n
+	}
+	var attempted, committed, rolledBack atomic.Int64
+	lastLine := time.Time{}
+	progress := func(phase string) {
+		if !cfg.Progress {
+			return
+		}
+		s := cons.Stats()
+		line := fmt.Sprintf("%-12s orders %d/%d (%d rolled back)  published %d  consumed %d  duplicates %d",
+			phase, attempted.Load(), cfg.Orders, rolledBack.Load(), published(), s.Processed, s.Duplicates)
+		if isTerminal(out) {
+			fmt.Fprintf(out, "\r%s   ", line)
+		} else if time.Since(lastLine) >= time.Second {
+			// Logs get a line a second, not a carriage-return smear.
+			fmt.Fprintln(out, line)
+			lastLine = time.Now()
+		}
+	}
+
+	// Place orders from concurrent writers; every DuplicateEvery-th order
+	// reuses a committed order's id, fails on the primary key and rolls
+	// back, taking its event with it.
+	var (
+		idsMu sync.Mutex
+		ids   []uuid.UUID
+	)
+	customers := make([]uuid.UUID, 25)
+	for i := range customers {
+		customers[i] = uuid.New()
+	}
+	next := atomic.Int64{}
+	wg := errgroup.Group{}
+	for range cfg.Writers {
+		wg.Go(func() error {
+			for {
+				n := next.Add(1)
+				if n > int64(cfg.Orders) {
+					return nil
+				}
+				o := orders.Order{ID: uuid.New(), CustomerID: customers[mrand.IntN(len(customers))], TotalCents: 100 + mrand.Int64N(20_000)}
+				dup := n%int64(cfg.DuplicateEvery) == 0
+				if dup {
+					idsMu.Lock()
+					if len(ids) > 0 {
+						o.ID = ids[mrand.IntN(len(ids))]
+					}
+					idsMu.Unlock()
+				}
+				attempted.Add(1)
+				_, err := orders.PlaceOrder(ctx, pool, producer, o)
+				switch {
+				case err == nil:
+					committed.Add(1)
+					idsMu.Lock()
+					ids = append(ids, o.ID)
+					idsMu.Unlock()
+				case orders.IsDuplicate(err):
+					rolledBack.Add(1)
+				default:
+					return fmt.Errorf("place order: %w", err)
+				}
+			}
+		})
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	placed := make(chan error, 1)
+	go func() { placed <- wg.Wait() }()
+waitPlaced:
+	for {
+		select {
+		case err := <-placed:
+			if err != nil {
+				return rep, err
+			}
+			break waitPlaced
+		case <-tick.C:
+			progress("placing")
+		case <-ctx.Done():
+			return rep, fmt.Errorf("placing orders: %w", ctx.Err())
+		}
+	}
+	rep.OrdersAttempted, rep.OrdersCommitted, rep.OrdersRolledBack = attempted.Load(), committed.Load(), rolledBack.Load()
+
+	waitFor := func(phase string, cond func() bool) error {
+		for !cond() {
+			select {
+			case <-tick.C:
+				progress(phase)
+			case <-gctx.Done():
+				return fmt.Errorf("%s: a relayer or the consumer stopped: %w", phase, context.Cause(gctx))
+			case <-ctx.Done():
+				return fmt.Errorf("%s: timed out after %s", phase, cfg.Timeout)
+			}
+		}
+		progress(phase)
+		return nil
+	}
+	if err := waitFor("delivering", func() bool { return cons.Stats().Processed >= rep.OrdersCommitted }); err != nil {
+		return rep, err
+	}
+
+	// Force a redelivery, as a relayer crash between publish and mark
+	// would: set some dispatched rows back to pending. The relayers
+	// publish them again; the consumer must skip them.
+	measuring.Store(false)
+	tag, err := pool.Exec(ctx, "UPDATE "+tables.OutboxIdent()+" SET dispatched_at = NULL WHERE id IN (SELECT id FROM "+tables.OutboxIdent()+" ORDER BY random() LIMIT $1)", cfg.Redeliver)
+	if err != nil {
+		return rep, fmt.Errorf("force redelivery: %w", err)
+	}
+	rep.Redelivered = tag.RowsAffected()
+	before := cons.Stats().Duplicates
+	if err := waitFor("redelivering", func() bool { return cons.Stats().Duplicates-before >= rep.Redelivered }); err != nil {
+		return rep, err
+	}
+	// Let stragglers (a record published twice by the at-least-once path)
+	// show up before counting.
+	time.Sleep(300 * time.Millisecond)
+	if cfg.Progress && isTerminal(out) {
+		fmt.Fprintln(out)
+	}
+
+	stopRun()
+	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return rep, fmt.Errorf("relayer or consumer failed: %w", err)
+	}
+
+	// Gather and check.
+	s := cons.Stats()
+	rep.Published, rep.Consumed, rep.DuplicatesSkipped, rep.DeadLetters = published(), s.Processed, s.Duplicates, s.DeadLettered
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tables.OutboxIdent()).Scan(&rep.EventsInOutbox); err != nil {
+		return rep, err
+	}
+	rep.EventsEmitted = rep.OrdersCommitted
+	if rep.Points, err = orders.CheckPoints(ctx, pool); err != nil {
+		return rep, err
+	}
+	var pending int64
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tables.OutboxIdent()+" WHERE dispatched_at IS NULL").Scan(&pending); err != nil {
+		return rep, err
+	}
+	rep.LagP50, rep.LagP99, rep.LagMax = percentiles(lags)
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			rep.Failures = append(rep.Failures, fmt.Sprintf(format, args...))
+		}
+	}
+	check(rep.OrdersRolledBack > 0, "no order was rolled back; the duplicate path was not exercised")
+	check(rep.EventsInOutbox == rep.OrdersCommitted, "%d events in the outbox for %d committed orders (atomic emit)", rep.EventsInOutbox, rep.OrdersCommitted)
+	check(pending == 0, "%d events still pending (no loss)", pending)
+	check(rep.Published >= rep.OrdersCommitted+rep.Redelivered, "published %d < %d committed + %d redelivered", rep.Published, rep.OrdersCommitted, rep.Redelivered)
+	check(rep.Consumed == rep.OrdersCommitted, "consumed %d events for %d committed orders (exactly-once effects)", rep.Consumed, rep.OrdersCommitted)
+	check(rep.DuplicatesSkipped >= rep.Redelivered, "skipped %d duplicates, %d were redelivered", rep.DuplicatesSkipped, rep.Redelivered)
+	check(rep.DeadLetters == 0, "%d records dead-lettered", rep.DeadLetters)
+	check(rep.Points.OK(), "loyalty points wrong: %s", rep.Points)
+	check(rep.Points.Orders == rep.OrdersCommitted, "orders table holds %d orders, %d committed", rep.Points.Orders, rep.OrdersCommitted)
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// Print writes the report.
+func (r Report) Print(w io.Writer) {
+	ok := func(b bool) string {
+		if b {
+			return "ok"
+		}
+		return "FAIL"
+	}
+	fmt.Fprintf(w, "\noutbox demo report (%s)\n", r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(w, "  orders attempted        %6d\n", r.OrdersAttempted)
+	fmt.Fprintf(w, "  orders committed        %6d\n", r.OrdersCommitted)
+	fmt.Fprintf(w, "  orders rolled back      %6d   (duplicate order id: no event may exist)\n", r.OrdersRolledBack)
+	fmt.Fprintf(w, "  events emitted          %6d   in outbox: %d  %s\n", r.EventsEmitted, r.EventsInOutbox, ok(r.EventsEmitted == r.EventsInOutbox))
+	fmt.Fprintf(w, "  events published        %6d   (%d forced redeliveries included)\n", r.Published, r.Redelivered)
+	fmt.Fprintf(w, "  events consumed         %6d   %s\n", r.Consumed, ok(r.Consumed == r.OrdersCommitted))
+	fmt.Fprintf(w, "  duplicates skipped      %6d   %s\n", r.DuplicatesSkipped, ok(r.DuplicatesSkipped >= r.Redelivered))
+	fmt.Fprintf(w, "  dead letters            %6d\n", r.DeadLetters)
+	fmt.Fprintf(w, "  loyalty points          %6d awarded, %d expected  %s\n", r.Points.Awarded, r.Points.Expected, ok(r.Points.OK()))
+	fmt.Fprintf(w, "  dispatch lag            p50 %s  p99 %s  max %s (commit to broker ack)\n",
+		r.LagP50.Round(100*time.Microsecond), r.LagP99.Round(100*time.Microsecond), r.LagMax.Round(100*time.Microsecond))
+	if r.OK() {
+		fmt.Fprintln(w, "all invariants hold")
+		return
+	}
+	for _, f := range r.Failures {
+		fmt.Fprintln(w, "FAIL:", f)
+	}
+}
+
+func withDefaults(c Config) Config {
+	if c.Orders <= 0 {
+		c.Orders = 400
+	}
+	if c.Writers <= 0 {
+		c.Writers = 8
+	}
+	if c.DuplicateEvery <= 1 {
+		c.DuplicateEvery = 10
+	}
+	if c.Redeliver <= 0 {
+		c.Redeliver = max(1, c.Orders/10)
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 2 * time.Minute
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(c.Out, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return c
+}
+
+func connect(ctx context.Context, url string) (*pgxpool.Pool, string, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, "", fmt.Errorf("bad database URL: %w", err)
+	}
+	cfg.MaxConns = 2
+	where := fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, where, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, where, fmt.Errorf("Postgres at %s does not answer: %s", where, strings.Join(strings.Fields(err.Error()), " "))
+	}
+	return pool, where, nil
+}
+
+func percentiles(ds []time.Duration) (p50, p99, maxD time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(ds)
+	at := func(q float64) time.Duration {
+		return ds[int(math.Ceil(q*float64(len(ds))))-1]
+	}
+	return at(0.50), at(0.99), ds[len(ds)-1]
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func createTopics(ctx context.Context, kcfg kafka.ClientConfig, topics ...string) error {
+	opts, err := kcfg.Options()
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := kadm.NewClient(cl).CreateTopics(cctx, 6, -1, nil, topics...)
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("%s: %w", r.Topic, r.Err)
+		}
+	}
+	return nil
+}
