@@ -208,7 +208,8 @@ func runEmit(ctx context.Context, s *session) (*Result, error) {
 	res.Tables = append(res.Tables, t)
 	r := res.Metrics["emit.emit.ratio"]
 	res.target("emit cost", ">= 0.80x tx/s of the same tx without Emit", fmt.Sprintf("%.2fx (NOTIFY off: %.2fx)", r, res.Metrics["emit.emit_nonotify.ratio"]), r >= 0.8)
-	res.note("tx/s is limited by commits (fsync=%s, synchronous_commit=%s): Emit adds one round trip and one more WAL record to a commit that costs the same either way", setting(ctx, e, "fsync"), setting(ctx, e, "synchronous_commit"))
+	res.note("commits wait for the WAL flush (fsync=%s, synchronous_commit=%s, wal_sync_method=%s); concurrent commits share a flush (group commit) unless they NOTIFY: Postgres holds a database-wide lock from a notifying transaction's pre-commit until its commit is flushed, so notifying commits flush one at a time",
+		setting(ctx, e, "fsync"), setting(ctx, e, "synchronous_commit"), setting(ctx, e, "wal_sync_method"))
 	return res, nil
 }
 

@@ -242,7 +242,8 @@ type relayGroup struct {
 	closers  []func()
 }
 
-// startRelayers runs n relayers publishing to topic prefix; mod adjusts
+// startRelayers runs n relayers publishing to b with topic prefix (or,
+// with no broker, to a publisher that acknowledges at once); mod adjusts
 // each relayer's config. collect keeps every batch's latencies.
 func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string, collect bool, mod func(*relay.Config)) (*relayGroup, error) {
 	g := &relayGroup{collect: collect}
@@ -256,15 +257,19 @@ func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string
 			return nil, err
 		}
 		g.closers = append(g.closers, pool.Close)
-		client, err := kafka.NewPublisherClient(b.cfg)
-		if err != nil {
-			g.stop()
-			return nil, err
+		var pub relay.Publisher = nullPublisher{}
+		if b != nil {
+			client, err := kafka.NewPublisherClient(b.cfg)
+			if err != nil {
+				g.stop()
+				return nil, err
+			}
+			g.closers = append(g.closers, client.Close)
+			pub = kafka.NewPublisher(client, kafka.PublisherConfig{})
 		}
-		g.closers = append(g.closers, client.Close)
 		cfg := relay.Config{
 			Pool:        pool,
-			Publisher:   kafka.NewPublisher(client, kafka.PublisherConfig{}),
+			Publisher:   pub,
 			Tables:      e.tables,
 			TopicPrefix: prefix,
 			Logger:      e.s.cfg.Logger,

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,9 +21,10 @@ const bareReturningSQL = bareClaimSQL + `
 RETURNING id, aggregate_id, type, payload, headers, created_at`
 
 type relayVariant struct {
-	key, name string
-	relayers  int
-	mod       func(*relay.Config)
+	key, name  string
+	relayers   int
+	aggregates int
+	mod        func(*relay.Config)
 }
 
 func runRelay(ctx context.Context, s *session) (*Result, error) {
@@ -35,13 +37,14 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 	defer e.close()
 
 	res := &Result{}
-	res.param("preload", "%s pending events over %s aggregates (INSERT ... SELECT generate_series, then VACUUM ANALYZE), fresh for every drain", thousands(n), thousands(int64(cfg.Aggregates)))
+	res.param("preload", "%s pending events over %s aggregates unless the row says otherwise, round-robin (INSERT ... SELECT generate_series, then VACUUM ANALYZE), fresh for every drain", thousands(n), thousands(int64(cfg.Aggregates)))
 	res.param("relay", "relay.New with defaults (batch 1,000, per-aggregate order on) + kafka.Publisher; each relayer has its own pool and Kafka client")
 	res.param("bare SQL", "one client, no broker, no ordering rule: UPDATE ... WHERE id IN (SELECT id ... ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED) until no row is left")
 	res.param("timing", "from start to the commit of the batch that dispatched the last event")
 
 	t := Table{Title: fmt.Sprintf("drain %s events", thousands(n)), Columns: []string{"drainer", "events/s", "seconds", "batches", "vs bare SQL"}}
-	bare, err := drainBare(ctx, s, e, n, bareClaimSQL)
+	table := e.tables.OutboxIdent()
+	bare, err := drainBare(ctx, s, e, n, fmt.Sprintf(bareClaimSQL, table))
 	if err != nil {
 		return nil, fmt.Errorf("bare SQL: %w", err)
 	}
@@ -50,28 +53,54 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 	}
 	row("bare SQL claim-and-mark (1 client)", bare)
 	res.metric("relay.bare.events_per_s", bare.rate())
-	ret, err := drainBare(ctx, s, e, n, bareReturningSQL)
+	ret, err := drainBare(ctx, s, e, n, fmt.Sprintf(bareReturningSQL, table))
 	if err != nil {
 		return nil, fmt.Errorf("bare SQL with RETURNING: %w", err)
 	}
 	row("bare SQL + RETURNING the rows (1 client)", ret)
 	res.metric("relay.bare_returning.events_per_s", ret.rate())
+	// The relayer's own statement, ordering rule included, run the same
+	// way: the database's share of the relay's cost.
+	claimSQL, err := captureClaimSQL(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	own, err := drainBare(ctx, s, e, n, claimSQL, 1000, []string{})
+	if err != nil {
+		return nil, fmt.Errorf("relay claim statement: %w", err)
+	}
+	row("relay's claim statement alone (1 client, autocommit)", own)
+	res.metric("relay.claim_statement.events_per_s", own.rate())
+	null, err := drainNull(ctx, s, e, n)
+	if err != nil {
+		return nil, fmt.Errorf("relay without broker: %w", err)
+	}
+	row("outbox relay, 1 relayer, publisher that acks at once", null)
+	res.metric("relay.null_publisher.events_per_s", null.rate())
 
+	aggs := cfg.Aggregates
 	variants := []relayVariant{
-		{key: "relayers_1", name: "outbox relay, 1 relayer", relayers: 1},
-		{key: "relayers_2", name: "outbox relay, 2 relayers", relayers: 2},
-		{key: "relayers_4", name: "outbox relay, 4 relayers", relayers: 4},
+		{key: "relayers_1", name: "outbox relay, 1 relayer", relayers: 1, aggregates: aggs},
+		{key: "relayers_2", name: "outbox relay, 2 relayers", relayers: 2, aggregates: aggs},
+		{key: "relayers_4", name: "outbox relay, 4 relayers", relayers: 4, aggregates: aggs},
 	}
 	if !cfg.Short {
+		// Replicas can only share a backlog whose aggregates they can split:
+		// with every aggregate in every batch (the default preload), the
+		// second relayer finds each aggregate's head locked by the first.
+		spread := max(aggs, int(n/2))
+		label := fmt.Sprintf(", %s aggregates", thousands(int64(spread)))
 		variants = append(variants,
-			relayVariant{key: "relayers_1_batch_5000", name: "outbox relay, 1 relayer, batch 5,000", relayers: 1, mod: func(c *relay.Config) { c.BatchSize = 5000 }},
-			relayVariant{key: "relayers_2_batch_5000", name: "outbox relay, 2 relayers, batch 5,000", relayers: 2, mod: func(c *relay.Config) { c.BatchSize = 5000 }},
+			relayVariant{key: "spread_relayers_1", name: "outbox relay, 1 relayer" + label, relayers: 1, aggregates: spread},
+			relayVariant{key: "spread_relayers_2", name: "outbox relay, 2 relayers" + label, relayers: 2, aggregates: spread},
+			relayVariant{key: "spread_relayers_4", name: "outbox relay, 4 relayers" + label, relayers: 4, aggregates: spread},
+			relayVariant{key: "relayers_1_batch_5000", name: "outbox relay, 1 relayer, batch 5,000", relayers: 1, aggregates: aggs, mod: func(c *relay.Config) { c.BatchSize = 5000 }},
 		)
 	}
 	var best drainResult
 	bestRate, bestName := -1.0, ""
 	for _, v := range variants {
-		d, err := drainRelay(ctx, s, e, n, v.relayers, v.mod)
+		d, err := drainRelay(ctx, s, e, n, v.aggregates, v.relayers, v.mod)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", v.name, err)
 		}
@@ -79,7 +108,7 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 		res.metric("relay."+v.key+".events_per_s", d.rate())
 		res.metric("relay."+v.key+".dispatched", float64(d.events))
 		res.metric("relay."+v.key+".published", float64(d.published))
-		if v.mod == nil && d.rate() > bestRate {
+		if v.mod == nil && v.aggregates == aggs && d.rate() > bestRate {
 			best, bestRate, bestName = d, d.rate(), v.name
 		}
 	}
@@ -103,9 +132,9 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 	return res, nil
 }
 
-// drainBare resets the table and drains it with one client running sql
+// drainBare resets the table and drains it with one client running stmt
 // until a statement finds nothing.
-func drainBare(ctx context.Context, s *session, e *env, n int64, sql string) (drainResult, error) {
+func drainBare(ctx context.Context, s *session, e *env, n int64, stmt string, args ...any) (drainResult, error) {
 	if err := e.reset(ctx, int(n), s.cfg.Aggregates); err != nil {
 		return drainResult{}, err
 	}
@@ -115,11 +144,10 @@ func drainBare(ctx context.Context, s *session, e *env, n int64, sql string) (dr
 		return drainResult{}, err
 	}
 	defer conn.Release()
-	stmt := fmt.Sprintf(sql, e.tables.OutboxIdent())
 	var d drainResult
 	start := time.Now()
 	for {
-		rows, err := conn.Query(ctx, stmt)
+		rows, err := conn.Query(ctx, stmt, args...)
 		if err != nil {
 			return d, err
 		}
@@ -153,8 +181,8 @@ func drainBare(ctx context.Context, s *session, e *env, n int64, sql string) (dr
 
 // drainRelay resets the table and drains it with relayers to a fresh
 // broker.
-func drainRelay(ctx context.Context, s *session, e *env, n int64, relayers int, mod func(*relay.Config)) (drainResult, error) {
-	if err := e.reset(ctx, int(n), s.cfg.Aggregates); err != nil {
+func drainRelay(ctx context.Context, s *session, e *env, n int64, aggregates, relayers int, mod func(*relay.Config)) (drainResult, error) {
+	if err := e.reset(ctx, int(n), aggregates); err != nil {
 		return drainResult{}, err
 	}
 	b, err := s.startBroker()
@@ -164,4 +192,26 @@ func drainRelay(ctx context.Context, s *session, e *env, n int64, relayers int, 
 	defer b.close()
 	s.progress("relay: %d relayer(s) draining %d events", relayers, n)
 	return e.drainWithRelayers(ctx, b, relayers, n, mod)
+}
+
+// drainNull drains the table with one relayer whose publisher acknowledges
+// at once: the relay's cost without the broker.
+func drainNull(ctx context.Context, s *session, e *env, n int64) (drainResult, error) {
+	if err := e.reset(ctx, int(n), s.cfg.Aggregates); err != nil {
+		return drainResult{}, err
+	}
+	s.progress("relay: 1 relayer, no broker, draining %d events", n)
+	g, err := e.startRelayers(ctx, nil, 1, "", false, func(c *relay.Config) { c.Publisher = nullPublisher{} })
+	if err != nil {
+		return drainResult{}, err
+	}
+	elapsed, werr := g.waitFor(ctx, n, drainTimeout(n))
+	if err := errors.Join(werr, g.stop()); err != nil {
+		return drainResult{}, err
+	}
+	d := drainResult{events: g.dispatched.Load(), elapsed: elapsed, batches: g.batches.Load()}
+	if pending, err := e.pending(ctx); err != nil || pending != 0 || d.events != n {
+		return d, fmt.Errorf("dispatched %d of %d events, %d still pending (err %v)", d.events, n, pending, err)
+	}
+	return d, nil
 }

@@ -80,9 +80,33 @@ func (t Table) write(w io.Writer) error {
 	return tw.Flush()
 }
 
-// WriteMarkdown prints the result's tables as Markdown, for BENCHMARKS.md.
+// WriteMarkdown prints the machine, every result's tables and one table of
+// all targets as Markdown, for BENCHMARKS.md.
+func WriteMarkdown(w io.Writer, results []Result) {
+	if len(results) == 0 {
+		return
+	}
+	m := results[0].Machine
+	fmt.Fprintf(w, "Machine: %d CPUs (%s), GOMAXPROCS %d, %s; Postgres %s; broker: %s. Load average (1 min) at the start of each scenario:", m.CPUs, m.CPUModel, m.GOMAXPROCS, m.GoVersion, m.Postgres, m.Broker)
+	for _, r := range results {
+		fmt.Fprintf(w, " %s %.2f", r.Scenario, r.Machine.Load1)
+	}
+	fmt.Fprint(w, ".\n\n")
+	var all []Target
+	for _, r := range results {
+		all = append(all, r.Targets...)
+	}
+	if len(all) > 0 {
+		targetTable(all).markdown(w)
+	}
+	for _, r := range results {
+		r.WriteMarkdown(w)
+	}
+}
+
+// WriteMarkdown prints the result's tables as Markdown.
 func (r Result) WriteMarkdown(w io.Writer) {
-	fmt.Fprintf(w, "### %s\n\n", r.Scenario)
+	fmt.Fprintf(w, "### %s (%s)\n\n", r.Scenario, r.Elapsed.Round(time.Second))
 	var ps []string
 	for _, p := range r.Params {
 		ps = append(ps, p.Name+" "+p.Value)
@@ -90,9 +114,6 @@ func (r Result) WriteMarkdown(w io.Writer) {
 	fmt.Fprintf(w, "Parameters: %s.\n\n", strings.Join(ps, "; "))
 	for _, t := range r.Tables {
 		t.markdown(w)
-	}
-	if len(r.Targets) > 0 {
-		targetTable(r.Targets).markdown(w)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "- %s\n", n)

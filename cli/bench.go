@@ -23,6 +23,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 		kf         kafkaFlags
 		cfg        bench.Config
 		asJSON     bool
+		markdown   bool
 		scaleRows  string
 		cpuProfile string
 	)
@@ -79,7 +80,10 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 			cfg.RelayCommand = func(ctx context.Context, args ...string) *exec.Cmd {
 				return exec.CommandContext(ctx, exe, append([]string{"relay"}, args...)...)
 			}
-			if !asJSON {
+			if asJSON && markdown {
+				return fmt.Errorf("--json and --markdown: pick one")
+			}
+			if !asJSON && !markdown {
 				cfg.OnResult = func(r bench.Result) { _ = r.WriteText(g.stdout) }
 			}
 			if cpuProfile != "" {
@@ -95,11 +99,14 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 			}
 			start := time.Now()
 			results, runErr := bench.Run(ctx, cfg, names...)
-			if asJSON {
+			switch {
+			case asJSON:
 				if err := json.NewEncoder(g.stdout).Encode(results); err != nil {
 					return err
 				}
-			} else if len(results) > 1 {
+			case markdown:
+				bench.WriteMarkdown(g.stdout, results)
+			case len(results) > 1:
 				fmt.Fprintf(g.stdout, "== all targets (%s)\n", time.Since(start).Round(time.Second))
 				if err := bench.WriteTargets(g.stdout, results); err != nil {
 					return err
@@ -112,6 +119,7 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 	kf.register(f)
 	f.BoolVar(&cfg.Short, "short", false, "small sizes: every scenario in seconds (a smoke test; its numbers mean little)")
 	f.BoolVar(&asJSON, "json", false, "print the results as JSON for scripts (progress still goes to stderr)")
+	f.BoolVar(&markdown, "markdown", false, "print the results as Markdown tables, as in BENCHMARKS.md")
 	f.IntVar(&cfg.Writers, "writers", 8, "concurrent emitting transactions (emit, latency) and consumer workers")
 	f.IntVar(&cfg.Events, "events", 0, "relay scenario preload (default 200000; 5000 with --short)")
 	f.IntVar(&cfg.Aggregates, "aggregates", 1000, "aggregates the preloaded events spread over")
