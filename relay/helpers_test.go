@@ -2,13 +2,18 @@ package relay_test
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -156,33 +161,201 @@ func (b *bundle) consume(t *testing.T, want int, timeout time.Duration, topics .
 	}
 }
 
-// checkOrder asserts that, per key, event ids never go backwards within a
-// partition, and that each key lives in exactly one partition. Duplicates
-// (at-least-once) are allowed only as a re-send of a suffix: an id may
-// reappear, but never below an id already seen after its first delivery...
-// simplified here to: the sequence of first occurrences ascends.
+// checkOrder asserts that each key lives in exactly one partition and that,
+// per key, the first delivery of each event id comes in ascending id order.
+// That is the order a deduplicating consumer applies events in: at-least-once
+// re-sends (a suffix delivered again) pass, an event whose first delivery
+// comes after a later event's does not.
 func checkOrder(t *testing.T, recs []record) {
 	t.Helper()
 	partOf := map[string]int32{}
-	firstSeen := map[string][]int64{}
-	seen := map[int64]bool{}
 	byPart := map[int32][]record{}
 	for _, r := range recs {
+		if p, ok := partOf[r.Key]; ok {
+			require.Equal(t, p, r.Partition, "key %s in two partitions", r.Key)
+		}
+		partOf[r.Key] = r.Partition
 		byPart[r.Partition] = append(byPart[r.Partition], r)
 	}
+	seen := map[int64]bool{}
+	last := map[string]record{} // per key, the latest first delivery
 	for _, rs := range byPart {
-		for _, r := range rs { // records of one partition arrive in offset order
-			if p, ok := partOf[r.Key]; ok {
-				require.Equal(t, p, r.Partition, "key %s in two partitions", r.Key)
+		slices.SortFunc(rs, func(a, b record) int { return int(a.Offset - b.Offset) })
+		for _, r := range rs {
+			if seen[r.EventID] {
+				continue
 			}
-			partOf[r.Key] = r.Partition
-			if !seen[r.EventID] {
-				seen[r.EventID] = true
-				firstSeen[r.Key] = append(firstSeen[r.Key], r.EventID)
+			seen[r.EventID] = true
+			if prev, ok := last[r.Key]; ok && r.EventID < prev.EventID {
+				require.Failf(t, "per-aggregate order broken",
+					"aggregate %s: event %d first arrived at offset %d of partition %d, after event %d at offset %d",
+					r.Key, r.EventID, r.Offset, r.Partition, prev.EventID, prev.Offset)
 			}
+			last[r.Key] = r
 		}
 	}
-	for key, ids := range firstSeen {
-		require.IsIncreasing(t, ids, "event ids of aggregate %s went backwards", key)
+}
+
+// appPool opens a pool on the test's schema whose connections carry a
+// unique application_name, so a test can find, and kill, exactly the
+// backends of one relayer (its LISTEN connection included: it copies the
+// pool's config) in pg_stat_activity.
+func (b *bundle) appPool(t *testing.T, maxConns int32) (*pgxpool.Pool, string) {
+	t.Helper()
+	app := "relay_test_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, app
+}
+
+// terminate kills every backend named app (filter narrows them, e.g.
+// "state = 'idle in transaction'") and waits until they are gone, so the
+// next statement on their connections fails for certain. It returns how
+// many it killed.
+func (b *bundle) terminate(t *testing.T, app, filter string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	where := "application_name = $1"
+	if filter != "" {
+		where += " AND " + filter
 	}
+	// Materialized first: in a plain WHERE, Postgres may call
+	// pg_terminate_backend on rows before the other conditions rule them out.
+	rows, err := b.db.Pool.Query(ctx, "WITH victims AS MATERIALIZED (SELECT pid FROM pg_stat_activity WHERE "+where+
+		" AND pid <> pg_backend_pid()) SELECT pid FROM victims WHERE pg_terminate_backend(pid)", app)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)", pids).Scan(&n)
+		return err == nil && n == 0
+	}, 10*time.Second, 10*time.Millisecond, "terminated backends of %s did not exit", app)
+	return len(pids)
+}
+
+// listening reports whether a backend named app holds a LISTEN.
+func (b *bundle) listening(t *testing.T, app string) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'", app).Scan(&n))
+	return n > 0
+}
+
+// preload inserts n pending rows with raw SQL, aggregate g % aggregates for
+// the g-th row: quicker than the producer when the producer is not what
+// is tested.
+func (b *bundle) preload(t *testing.T, n, aggregates int, typ string) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO `+b.db.Tables.OutboxIdent()+` (aggregate_id, type, payload)
+		SELECT md5($3 || (g % $2)::text)::uuid, $4, jsonb_build_object('n', g) FROM generate_series(1, $1) g ORDER BY g`,
+		n, aggregates, b.db.Tables.Schema, typ)
+	require.NoError(t, err)
+}
+
+// writeLoad commits events events on aggregates aggregates from writers
+// goroutines, in transactions of 1 to 5 events (EmitBatch); one
+// transaction in ten is rolled back instead. It returns the aggregate of
+// every committed event by id. It blocks until done; run it beside
+// relayers to test them under concurrent writes.
+func (b *bundle) writeLoad(t *testing.T, events, aggregates, writers int, typ string) map[int64]uuid.UUID {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The writers' own durability is not under test, and on a shared
+	// 2-core machine an fsync per commit made them the slowest part.
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = int32(writers)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	aggs := make([]uuid.UUID, aggregates)
+	for i := range aggs {
+		aggs[i] = uuid.New()
+	}
+	var mu sync.Mutex
+	committed := make(map[int64]uuid.UUID, events)
+	var wg sync.WaitGroup
+	for w := range writers {
+		share := events / writers
+		if w < events%writers {
+			share++
+		}
+		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(w), 42))
+			for done, txn := 0, 0; done < share; txn++ {
+				k := min(1+rnd.IntN(5), share-done)
+				batch := make([]outbox.Event, k)
+				for i := range batch {
+					batch[i] = outbox.Event{AggregateID: aggs[rnd.IntN(len(aggs))], Type: typ,
+						Payload: map[string]any{"writer": w, "txn": txn}, Headers: map[string]string{"writer": strconv.Itoa(w)}}
+				}
+				rollback := txn%10 == 9
+				var ids []int64
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var err error
+					if ids, err = b.producer.EmitBatch(ctx, tx, batch); err != nil {
+						return err
+					}
+					if rollback {
+						return errRollback
+					}
+					return nil
+				})
+				if rollback && errors.Is(err, errRollback) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("writer %d: %v", w, err)
+					return
+				}
+				mu.Lock()
+				for i, id := range ids {
+					committed[id] = batch[i].AggregateID
+				}
+				mu.Unlock()
+				done += k
+			}
+		})
+	}
+	wg.Wait()
+	return committed
+}
+
+var errRollback = errors.New("rolled back on purpose")
+
+// checkDelivered asserts recs hold every committed event at least once,
+// nothing that was not committed, each under its aggregate's key, in
+// per-aggregate order (checkOrder). It returns the number of duplicates.
+func checkDelivered(t *testing.T, committed map[int64]uuid.UUID, recs []record) (duplicates int) {
+	t.Helper()
+	seen := make(map[int64]bool, len(committed))
+	for _, r := range recs {
+		agg, ok := committed[r.EventID]
+		require.True(t, ok, "event %d reached the broker but was never committed", r.EventID)
+		require.Equal(t, agg.String(), r.Key, "event %d has the wrong key", r.EventID)
+		if seen[r.EventID] {
+			duplicates++
+		}
+		seen[r.EventID] = true
+	}
+	var missing []int64
+	for id := range committed {
+		if !seen[id] {
+			missing = append(missing, id)
+		}
+	}
+	slices.Sort(missing)
+	require.Empty(t, missing, "%d committed events never reached the broker", len(missing))
+	checkOrder(t, recs)
+	return duplicates
 }
