@@ -16,6 +16,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 		kf     kafkaFlags
 		cfg    relay.Config
 		source string
+		rops   relayOps // metrics, health, watchdog, cleanup: relayops.go
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -62,15 +63,24 @@ exit 0. Database and broker outages are retried with backoff.`,
 			cfg.Publisher = kafka.NewPublisher(client, kafka.PublisherConfig{Source: source})
 			cfg.Tables = t
 			cfg.Logger = log
+			if err := rops.instrument(&cfg, client); err != nil {
+				return err
+			}
 			r, err := relay.New(cfg)
 			if err != nil {
 				return err
 			}
+			stopOps, err := rops.start(ctx, r)
+			if err != nil {
+				return err
+			}
+			defer stopOps()
 			return r.Run(ctx)
 		},
 	}
 	f := cmd.Flags()
 	kf.register(f)
+	rops.register(f)
 	f.StringVar(&cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
 	f.IntVar(&cfg.BatchSize, "batch-size", 1000, "rows per claim")
 	f.DurationVar(&cfg.PollInterval, "poll-interval", time.Second, "how often an idle relayer looks for rows without a notification")

@@ -1,47 +1,170 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/ops"
 )
 
 func newStatsCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var (
+		asJSON     bool
+		stuckAfter time.Duration
+	)
 	cmd := &cobra.Command{
 		Use:   "stats",
-		Short: "Show pending events, the oldest pending event's age (lag) and the dispatch rate",
-		Args:  cobra.NoArgs,
+		Short: "Show the backlog, lag, stuck rows, dispatch rate, size and bloat of the outbox table",
+		Long: `stats reads one outbox table and prints what an operator looks at first:
+
+  pending              rows committed and not yet dispatched
+  oldest pending age   the dispatch lag; a healthy relay keeps it under a second
+  stuck                rows pending longer than --stuck-after ('outbox watchdog' lists them)
+  known failures       pending rows a relayer failed to publish for good (held out)
+  dispatched           rows dispatched in the last minute and hour, with the rate
+  table size           the table with its indexes and TOAST
+  live / dead rows     dead rows are what vacuum has yet to reclaim; a high share
+                       means bloat (vacuum lags behind the relay and cleanup)
+
+No query scans the whole table. --json prints the same for scripts.`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			t, err := g.tables()
-			if err != nil {
-				return err
+			if stuckAfter <= 0 {
+				return fmt.Errorf("--stuck-after %s: use a positive duration, e.g. 5m", stuckAfter)
 			}
-			pool, err := g.connect(c.Context(), 2)
+			pool, t, err := g.opsPool(c.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			s, err := ops.ReadStats(c.Context(), pool, t)
+			s, err := ops.ReadStats(c.Context(), pool, t, stuckAfter)
 			if err != nil {
 				return err
 			}
 			if asJSON {
-				return json.NewEncoder(g.stdout).Encode(s)
+				return writeJSON(g, statsJSON(t, s))
 			}
 			w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintf(w, "outbox\t%s\n", t.OutboxIdent())
 			fmt.Fprintf(w, "pending\t%d\n", s.Pending)
-			fmt.Fprintf(w, "oldest pending age\t%s\n", s.OldestPendingAge.Round(time.Millisecond))
-			fmt.Fprintf(w, "dispatched last minute\t%d\n", s.DispatchedLastMinute)
+			fmt.Fprintf(w, "oldest pending age\t%s\t(the lag)\n", fmtAge(s.OldestPendingAge))
+			fmt.Fprintf(w, "stuck (pending > %s)\t%d\n", s.StuckAfter, s.Stuck)
+			fmt.Fprintf(w, "known failures\t%d\n", s.KnownFailures)
+			fmt.Fprintf(w, "dispatched last minute\t%d\t(%.1f/s)\n", s.DispatchedLastMinute, float64(s.DispatchedLastMinute)/60)
+			fmt.Fprintf(w, "dispatched last hour\t%d\t(%.1f/s)\n", s.DispatchedLastHour, float64(s.DispatchedLastHour)/3600)
+			fmt.Fprintf(w, "table size\t%s\t(with indexes and TOAST)\n", fmtBytes(s.TableBytes))
+			dead := 0.0
+			if s.LiveRows+s.DeadRows > 0 {
+				dead = 100 * float64(s.DeadRows) / float64(s.LiveRows+s.DeadRows)
+			}
+			fmt.Fprintf(w, "live / dead rows\t%d / %d\t(%.1f%% dead)\n", s.LiveRows, s.DeadRows, dead)
+			fmt.Fprintf(w, "last vacuum\t%s\n", fmtVacuum(s.LastVacuum, s.LastAutovacuum))
 			return w.Flush()
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON for scripts")
+	cmd.Flags().DurationVar(&stuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this count as stuck")
 	return cmd
+}
+
+// statsJSON is the --json shape: snake_case keys, durations in seconds,
+// times in RFC 3339 (null when never).
+func statsJSON(t outbox.Tables, s ops.Stats) map[string]any {
+	return map[string]any{
+		"outbox":                     t.OutboxIdent(),
+		"pending":                    s.Pending,
+		"oldest_pending_age_seconds": s.OldestPendingAge.Seconds(),
+		"stuck":                      s.Stuck,
+		"stuck_after_seconds":        s.StuckAfter.Seconds(),
+		"known_failures":             s.KnownFailures,
+		"dispatched_last_minute":     s.DispatchedLastMinute,
+		"dispatched_last_hour":       s.DispatchedLastHour,
+		"table_bytes":                s.TableBytes,
+		"live_rows":                  s.LiveRows,
+		"dead_rows":                  s.DeadRows,
+		"last_vacuum":                timeOrNil(s.LastVacuum),
+		"last_autovacuum":            timeOrNil(s.LastAutovacuum),
+	}
+}
+
+// opsPool connects for the operations commands (stats, watchdog, cleanup)
+// and checks the schema is at this binary's version, so that a missing
+// migration says "run outbox migrate up", not "relation does not exist".
+func (g *globals) opsPool(ctx context.Context) (*pgxpool.Pool, outbox.Tables, error) {
+	t, err := g.tables()
+	if err != nil {
+		return nil, t, err
+	}
+	m, err := migrate.New(t)
+	if err != nil {
+		return nil, t, err
+	}
+	pool, err := g.connect(ctx, 2)
+	if err != nil {
+		return nil, t, err
+	}
+	if err := m.Validate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, t, err
+	}
+	return pool, t, nil
+}
+
+func writeJSON(g *globals, v any) error {
+	enc := json.NewEncoder(g.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func timeOrNil(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// fmtAge rounds a duration to what a person reads: milliseconds below a
+// second, tenths below a minute, seconds above.
+func fmtAge(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0s"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+func fmtBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func fmtVacuum(manual, auto time.Time) string {
+	last, how := auto, "autovacuum"
+	if manual.After(auto) {
+		last, how = manual, "vacuum"
+	}
+	if last.IsZero() {
+		return "never (since statistics were reset)"
+	}
+	return fmt.Sprintf("%s ago (%s)", fmtAge(time.Since(last)), how)
 }

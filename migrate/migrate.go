@@ -63,6 +63,7 @@ func New(tables outbox.Tables) (*Migrator, error) {
 		"PendingIdx":     pgident.Quote(tables.Outbox + "_pending_idx"),
 		"AggregateIdx":   pgident.Quote(tables.Outbox + "_aggregate_pending_idx"),
 		"ProcessedAtIdx": pgident.Quote(trimIdent(tables.Processed + "_processed_at_idx")),
+		"Failures":       FailuresIdent(tables),
 	}
 	migs, err := load(vars)
 	if err != nil {
@@ -74,6 +75,14 @@ func New(tables outbox.Tables) (*Migrator, error) {
 		versionTbl: pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_migrations")),
 		lockKey:    int64(outbox.Tables.LockNamespace(tables))<<32 | 0x6d6967, // "mig"
 	}, nil
+}
+
+// FailuresIdent is the quoted, schema-qualified table (migration 2) where
+// relay processes record the last permanent publish failure of stuck events,
+// for the watchdog to report.
+func FailuresIdent(tables outbox.Tables) string {
+	tables = tables.WithDefaults()
+	return pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_failures"))
 }
 
 func trimIdent(s string) string {

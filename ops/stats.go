@@ -1,52 +1,196 @@
-// Package ops holds the operational queries shared by the CLI and the
-// relay: outbox statistics, and (as they land) the watchdog, lag and cleanup.
 package ops
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/migrate"
 )
 
-// Queryer is what the queries here need; *pgxpool.Pool and pgx.Tx have it.
+// Queryer is what the read-only queries here need; *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx have it.
 type Queryer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// Stats is a snapshot of one outbox table.
-type Stats struct {
+// DefaultStuckAfter is how long a row may stay pending before the watchdog
+// calls it stuck.
+const DefaultStuckAfter = 5 * time.Minute
+
+// Lag is the state of the pending rows of one outbox table.
+type Lag struct {
 	// Pending rows are committed and not yet dispatched.
-	Pending int64 `json:"pending"`
+	Pending int64
+	// Stuck rows have been pending longer than the StuckAfter they were
+	// read with.
+	Stuck int64
 	// OldestPendingAge is now() - created_at of the oldest pending row: the
 	// dispatch lag. Zero when nothing is pending.
-	OldestPendingAge time.Duration `json:"oldest_pending_age_ns"`
-	// DispatchedLastMinute counts rows dispatched in the last minute.
-	DispatchedLastMinute int64 `json:"dispatched_last_minute"`
+	OldestPendingAge time.Duration
 }
 
-// pending and oldest come from the pending index (id) WHERE dispatched_at IS
-// NULL; the dispatched count scans recent rows from the end of the primary
-// key, stopping at rows created more than a minute before... it cannot know
-// where to stop, so it is bounded by created_at instead, which is close
-// enough (rows are dispatched seconds after creation) and needs no index on
-// dispatched_at.
-const statsSQL = `SELECT
-  (SELECT count(*) FROM %[1]s WHERE dispatched_at IS NULL),
-  coalesce((SELECT extract(epoch FROM now() - created_at) FROM %[1]s WHERE dispatched_at IS NULL ORDER BY id LIMIT 1), 0),
-  (SELECT count(*) FROM %[1]s WHERE created_at > now() - interval '10 minutes' AND dispatched_at > now() - interval '1 minute')`
+// lagSQL reads only pending rows, through the partial index (id) WHERE
+// dispatched_at IS NULL: its cost follows the backlog, not the table, so it
+// is cheap enough to run every few seconds. min(created_at), not the
+// created_at of the lowest id: ids are taken at insert and created_at at
+// transaction start, so a long transaction can hold an older row at a
+// higher id. $1 is StuckAfter in microseconds.
+const lagSQL = `SELECT
+  count(*),
+  count(*) FILTER (WHERE created_at < now() - $1::bigint * interval '1 microsecond'),
+  coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM {{outbox}} WHERE dispatched_at IS NULL`
 
-// ReadStats reads the snapshot.
-func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables) (Stats, error) {
-	var s Stats
+// ReadLag reads the pending, stuck and lag figures: the query behind the
+// relay's gauges and the watchdog's SLO check.
+func ReadLag(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter time.Duration) (Lag, error) {
+	var l Lag
 	var ageSec float64
-	err := db.QueryRow(ctx, fmt.Sprintf(statsSQL, tables.OutboxIdent())).Scan(&s.Pending, &ageSec, &s.DispatchedLastMinute)
+	err := db.QueryRow(ctx, render(lagSQL, tables), stuckAfter.Microseconds()).Scan(&l.Pending, &l.Stuck, &ageSec)
 	if err != nil {
-		return s, fmt.Errorf("read stats of %s: %w", tables.OutboxIdent(), err)
+		return l, fmt.Errorf("ops: read pending rows of %s: %w", tables.OutboxIdent(), err)
 	}
-	s.OldestPendingAge = time.Duration(ageSec * float64(time.Second))
+	l.OldestPendingAge = seconds(ageSec)
+	return l, nil
+}
+
+// Stats is a snapshot of one outbox table, for `outbox stats`.
+type Stats struct {
+	Lag
+	// StuckAfter is the threshold Lag.Stuck was counted with.
+	StuckAfter time.Duration
+	// KnownFailures counts pending rows for which a relayer recorded a
+	// permanent publish failure (see Watchdog).
+	KnownFailures int64
+	// DispatchedLastMinute and DispatchedLastHour count rows dispatched in
+	// those windows, among the rows created in the last RateWindow (there is
+	// no index on dispatched_at, so the count walks the primary key over
+	// recent rows only). A backlog older than that drains uncounted: the
+	// relay's outbox_events_dispatched_total counter is exact.
+	DispatchedLastMinute, DispatchedLastHour int64
+	// TableBytes is the outbox table's size with its indexes and TOAST.
+	TableBytes int64
+	// LiveRows and DeadRows are the statistics collector's estimates. Many
+	// dead rows mean vacuum lags behind the relay's updates and cleanup's
+	// deletes: the table and its indexes bloat.
+	LiveRows, DeadRows int64
+	// LastVacuum and LastAutovacuum are zero when the table was never
+	// vacuumed (since the statistics were reset).
+	LastVacuum, LastAutovacuum time.Time
+}
+
+// RateWindow bounds the rows the dispatch counts of Stats look at: rows
+// created in the last hour plus ten minutes of slack for lag.
+const RateWindow = 70 * time.Minute
+
+// rateSQL counts recent dispatches over a primary-key range starting at the
+// first row created within RateWindow. $1 first id, $2 the server's now().
+const rateSQL = `SELECT
+  count(*) FILTER (WHERE dispatched_at > $2::timestamptz - interval '1 minute'),
+  count(*) FILTER (WHERE dispatched_at > $2::timestamptz - interval '1 hour')
+FROM {{outbox}} WHERE id >= $1`
+
+// tableSQL reads size and tuple counts; $1 is the quoted table name.
+const tableSQL = `SELECT pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
+  s.last_vacuum, s.last_autovacuum
+FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = $1::regclass`
+
+// knownFailuresSQL joins the (small) failures table to pending rows by
+// primary key.
+const knownFailuresSQL = `SELECT count(*) FROM {{failures}} f JOIN {{outbox}} o ON o.id = f.event_id
+WHERE o.dispatched_at IS NULL`
+
+// ReadStats reads the snapshot. It runs a handful of short queries, none of
+// which scans the whole table.
+func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter time.Duration) (Stats, error) {
+	s := Stats{StuckAfter: stuckAfter}
+	var err error
+	if s.Lag, err = ReadLag(ctx, db, tables, stuckAfter); err != nil {
+		return s, err
+	}
+	wrap := func(what string, err error) error {
+		return fmt.Errorf("ops: read %s of %s: %w", what, tables.OutboxIdent(), err)
+	}
+	var now time.Time
+	if err := db.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return s, wrap("server time", err)
+	}
+	first, err := firstIDCreatedSince(ctx, db, tables, now.Add(-RateWindow))
+	if err != nil {
+		return s, wrap("dispatch rate", err)
+	}
+	if err := db.QueryRow(ctx, render(rateSQL, tables), first, now).Scan(&s.DispatchedLastMinute, &s.DispatchedLastHour); err != nil {
+		return s, wrap("dispatch rate", err)
+	}
+	var lastVacuum, lastAuto *time.Time
+	if err := db.QueryRow(ctx, tableSQL, tables.OutboxIdent()).Scan(&s.TableBytes, &s.LiveRows, &s.DeadRows, &lastVacuum, &lastAuto); err != nil {
+		return s, wrap("table statistics", err)
+	}
+	if lastVacuum != nil {
+		s.LastVacuum = *lastVacuum
+	}
+	if lastAuto != nil {
+		s.LastAutovacuum = *lastAuto
+	}
+	if err := db.QueryRow(ctx, render(knownFailuresSQL, tables)).Scan(&s.KnownFailures); err != nil {
+		return s, wrap("recorded failures", err)
+	}
 	return s, nil
 }
+
+// firstIDCreatedSince finds, by binary search over the primary key, the
+// first id whose row was created at or after since; one past the last id
+// when there is none. There is no index on created_at, but ids and
+// created_at rise together (up to the length of the inserting
+// transactions), so a few dozen single-row index probes find the boundary
+// that a full scan would. Rows out of step with their ids by more than the
+// callers' slack may land on the wrong side; callers use the result only
+// to bound a scan.
+func firstIDCreatedSince(ctx context.Context, db Queryer, tables outbox.Tables, since time.Time) (int64, error) {
+	var lo, hi *int64
+	if err := db.QueryRow(ctx, render(`SELECT min(id), max(id) FROM {{outbox}}`, tables)).Scan(&lo, &hi); err != nil {
+		return 0, err
+	}
+	if lo == nil {
+		return 0, nil
+	}
+	probe := render(`SELECT id, created_at FROM {{outbox}} WHERE id >= $1 ORDER BY id LIMIT 1`, tables)
+	a, b := *lo, *hi+1
+	for a < b {
+		mid := a + (b-a)/2
+		var id int64
+		var created time.Time
+		err := db.QueryRow(ctx, probe, mid).Scan(&id, &created)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			b = mid
+		case err != nil:
+			return 0, err
+		case created.Before(since):
+			a = id + 1
+		default:
+			b = mid
+		}
+	}
+	// a > b only if rows vanished under the search; the lower is the
+	// conservative bound.
+	return min(a, b), nil
+}
+
+func render(sql string, tables outbox.Tables) string {
+	return strings.NewReplacer(
+		"{{outbox}}", tables.OutboxIdent(),
+		"{{processed}}", tables.ProcessedIdent(),
+		"{{failures}}", migrate.FailuresIdent(tables),
+	).Replace(sql)
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

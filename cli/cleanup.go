@@ -1,0 +1,98 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/outbox/ops"
+)
+
+func init() { extraCommands = append(extraCommands, newCleanupCmd) }
+
+func newCleanupCmd(g *globals) *cobra.Command {
+	var cfg ops.CleanupConfig
+	cmd := &cobra.Command{
+		Use:   "cleanup",
+		Short: "Delete dispatched outbox rows and processed_events rows past their retention, in small batches",
+		Long: `cleanup deletes dispatched outbox rows older than --retention (by
+dispatched_at) and consumer dedupe rows older than --processed-retention (by
+processed_at). Pending rows are never deleted. It works in batches of at most
+--batch rows, each its own short transaction, with --pause between them, so
+it never holds long locks nor one long transaction; interrupting it keeps
+what was deleted.
+
+One cleanup runs per outbox at a time: 'outbox relay' runs the same job
+hourly, and whichever starts second skips (this command then exits 1).
+
+Keep --processed-retention longer than any window in which a consumer can see
+a record again (the topic's retention if consumers may rewind or reset
+offsets, replays): a record redelivered after its dedupe row is deleted is
+applied twice. 0 leaves processed_events alone.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			switch {
+			case cfg.Retention <= 0:
+				return fmt.Errorf("--retention %s: use a positive duration, e.g. 168h", cfg.Retention)
+			case cfg.ProcessedRetention < 0:
+				return fmt.Errorf("--processed-retention %s: use a positive duration, e.g. 720h, or 0 to leave processed_events alone", cfg.ProcessedRetention)
+			case cfg.BatchSize < 1 || cfg.BatchSize > 1_000_000:
+				return fmt.Errorf("--batch %d: use 1 to 1000000 rows per statement", cfg.BatchSize)
+			case cfg.Pause < 0:
+				return fmt.Errorf("--pause %s: use 0 or a positive duration", cfg.Pause)
+			}
+			cfg.SkipProcessed = cfg.ProcessedRetention == 0
+			if cfg.Pause == 0 {
+				cfg.Pause = time.Nanosecond // 0 is ops' "default"; here it means no pause
+			}
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			pool, t, err := g.opsPool(c.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			cfg.Tables, cfg.Logger = t, log
+			res, err := ops.Cleanup(c.Context(), pool, cfg)
+			if errors.Is(err, ops.ErrCleanupRunning) {
+				return &exitError{code: 1, msg: "another cleanup of " + t.OutboxIdent() + " is running (a relay replica's hourly job, or another 'outbox cleanup'); nothing was deleted, try again later"}
+			}
+			if !res.OutboxCutoff.IsZero() { // else it failed before deleting anything
+				fmt.Fprintf(g.stdout, "%s: deleted %d dispatched rows older than %s (dispatched before %s) in %d %s, %s\n",
+					t.OutboxIdent(), res.Outbox.Deleted, cfg.Retention, res.OutboxCutoff.UTC().Format(time.RFC3339),
+					res.Outbox.Batches, plural(res.Outbox.Batches, "batch", "batches"), res.Outbox.Duration.Round(time.Millisecond))
+			}
+			if err != nil {
+				return err
+			}
+			if res.Failures > 0 {
+				fmt.Fprintf(g.stdout, "pruned %d failure records of rows no longer pending\n", res.Failures)
+			}
+			if cfg.SkipProcessed {
+				fmt.Fprintf(g.stdout, "%s: left alone (--processed-retention 0)\n", t.ProcessedIdent())
+				return nil
+			}
+			fmt.Fprintf(g.stdout, "%s: deleted %d rows older than %s (processed before %s) in %d %s, %s\n",
+				t.ProcessedIdent(), res.Processed.Deleted, cfg.ProcessedRetention, res.ProcessedCutoff.UTC().Format(time.RFC3339),
+				res.Processed.Batches, plural(res.Processed.Batches, "batch", "batches"), res.Processed.Duration.Round(time.Millisecond))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&cfg.Retention, "retention", ops.DefaultRetention, "delete dispatched rows older than this")
+	f.DurationVar(&cfg.ProcessedRetention, "processed-retention", ops.DefaultProcessedRetention, "delete processed_events rows older than this; longer than any redelivery window; 0 skips the table")
+	f.IntVar(&cfg.BatchSize, "batch", ops.DefaultCleanupBatch, "rows per delete statement (each its own transaction)")
+	f.DurationVar(&cfg.Pause, "pause", ops.DefaultCleanupPause, "pause between batches")
+	return cmd
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

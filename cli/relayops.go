@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// relayOps is what `outbox relay` runs beside the relayer (ops.Monitor):
+// metrics, /healthz and /readyz over --http, the gauges' refresh, the
+// periodic watchdog, the recording of publish failures, retention cleanup.
+// relay.go calls register, instrument and start.
+type relayOps struct {
+	httpAddr           string
+	cfg                ops.MonitorConfig
+	cleanupInterval    time.Duration
+	processedRetention time.Duration
+
+	mon *ops.Monitor
+	// addr is where the HTTP server listens, once started.
+	addr net.Addr
+}
+
+func (o *relayOps) register(f *pflag.FlagSet) {
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics, /healthz and /readyz on host:port (a bare :port binds 127.0.0.1); off when empty")
+	f.DurationVar(&o.cfg.RefreshInterval, "metrics-refresh", 5*time.Second, "how often the pending, lag and stuck gauges are read from the database")
+	f.DurationVar(&o.cfg.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck (watchdog and outbox_stuck_events)")
+	f.DurationVar(&o.cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: a warning and outbox_lag_slo_breached when the oldest pending row is older")
+	f.DurationVar(&o.cfg.WatchdogInterval, "watchdog-interval", time.Minute, "how often stuck rows and the lag SLO are checked and logged")
+	f.DurationVar(&o.cleanupInterval, "cleanup-interval", time.Hour, "how often retention cleanup runs (one replica at a time); 0 disables it")
+	f.DurationVar(&o.cfg.Cleanup.Retention, "retention", ops.DefaultRetention, "cleanup deletes dispatched rows older than this")
+	f.DurationVar(&o.processedRetention, "processed-retention", ops.DefaultProcessedRetention, "cleanup deletes processed_events rows older than this (longer than any redelivery window); 0 leaves the table alone")
+	f.IntVar(&o.cfg.Cleanup.BatchSize, "cleanup-batch", ops.DefaultCleanupBatch, "rows per cleanup delete statement")
+	f.DurationVar(&o.cfg.Cleanup.Pause, "cleanup-pause", ops.DefaultCleanupPause, "pause between cleanup batches")
+}
+
+// instrument checks the flags, builds the monitor and hooks it into cfg: a
+// counting decorator around cfg.Publisher and an OnBatch hook. cfg.Pool,
+// Tables, Logger and Publisher must be set; client is pinged by /readyz.
+func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
+	if o.httpAddr != "" {
+		addr, err := loopbackDefault(o.httpAddr)
+		if err != nil {
+			return err
+		}
+		o.httpAddr = addr
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"--metrics-refresh", o.cfg.RefreshInterval}, {"--stuck-after", o.cfg.StuckAfter}, {"--max-lag", o.cfg.MaxLag},
+		{"--watchdog-interval", o.cfg.WatchdogInterval}, {"--retention", o.cfg.Cleanup.Retention}, {"--cleanup-pause", o.cfg.Cleanup.Pause},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s %s: use a positive duration", d.flag, d.v)
+		}
+	}
+	if o.cleanupInterval < 0 || o.processedRetention < 0 {
+		return fmt.Errorf("--cleanup-interval (%s) and --processed-retention (%s) must be positive, or 0 to turn them off", o.cleanupInterval, o.processedRetention)
+	}
+	mc := o.cfg
+	mc.Pool, mc.Tables, mc.Logger = cfg.Pool, cfg.Tables, cfg.Logger
+	mc.CleanupInterval = o.cleanupInterval
+	mc.DisableCleanup = o.cleanupInterval == 0
+	mc.Cleanup.ProcessedRetention = o.processedRetention
+	mc.Cleanup.SkipProcessed = o.processedRetention == 0
+	if client != nil {
+		mc.Checks = append(mc.Checks, ops.ReadyCheck{Name: "broker", Check: client.Ping})
+	}
+	mon, err := ops.NewMonitor(mc)
+	if err != nil {
+		return err
+	}
+	mon.Instrument(cfg)
+	o.mon = mon
+	return nil
+}
+
+// start attaches the relayer, starts the periodic jobs and, with --http,
+// the HTTP server. stop ends them; call it after the relayer stopped, so
+// that /metrics answers until the end.
+func (o *relayOps) start(ctx context.Context, r *relay.Relayer) (stop func(), err error) {
+	o.mon.Attach(r)
+	var srv *http.Server
+	var ln net.Listener
+	if o.httpAddr != "" {
+		ln, err = net.Listen("tcp", o.httpAddr)
+		if err != nil {
+			return nil, fmt.Errorf("cannot serve --http on %s: %w (is another process using the port? pick another)", o.httpAddr, err)
+		}
+		o.addr = ln.Addr()
+		srv = &http.Server{Handler: o.mon.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	}
+	log := r.Config().Logger
+
+	jobs, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { o.mon.Run(jobs) })
+	if srv != nil {
+		wg.Go(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics and health server stopped", "err", err)
+			}
+		})
+		log.Info("serving metrics and health checks", "addr", o.addr.String(), "paths", "/metrics /healthz /readyz")
+	}
+	return func() {
+		cancel()
+		if srv != nil {
+			sctx, done := context.WithTimeout(context.Background(), 5*time.Second)
+			defer done()
+			_ = srv.Shutdown(sctx)
+		}
+		wg.Wait()
+	}, nil
+}
+
+// loopbackDefault checks a host:port and binds a bare :port to 127.0.0.1:
+// metrics are served to the local scraper unless an address is given on
+// purpose.
+func loopbackDefault(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--http %q: write it as host:port, e.g. 127.0.0.1:9090", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return "", fmt.Errorf("--http %q: %q is not a port number", addr, port)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}

@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/ops"
+)
+
+func init() { extraCommands = append(extraCommands, newWatchdogCmd) }
+
+func newWatchdogCmd(g *globals) *cobra.Command {
+	var (
+		cfg    ops.WatchdogConfig
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "watchdog",
+		Short: "List stuck outbox rows and check the lag SLO; exit 1 when unhealthy (for cron and probes)",
+		Long: `watchdog checks one outbox table once:
+
+  - rows pending longer than --stuck-after are stuck: they are listed with id,
+    aggregate, type, age, the row they wait behind (rows of one aggregate are
+    published in order, so one stuck row holds up the rest of its aggregate)
+    and the last publish error a relayer recorded for them;
+  - the lag (age of the oldest pending row) must stay under --max-lag.
+
+It exits 0 when healthy and 1 when a row is stuck or the lag is over the SLO,
+so it drops into cron or a Kubernetes probe. --json prints the report for
+scripts (the exit code is the same).
+
+A stuck row with no recorded error was never refused by a relayer: check that
+one is running ('outbox stats' shows the dispatch rate) and its logs.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if cfg.StuckAfter <= 0 || cfg.MaxLag <= 0 {
+				return fmt.Errorf("--stuck-after (%s) and --max-lag (%s) must be positive durations, e.g. 5m and 5s", cfg.StuckAfter, cfg.MaxLag)
+			}
+			if cfg.Limit <= 0 {
+				return fmt.Errorf("--limit %d: list at least one row", cfg.Limit)
+			}
+			pool, t, err := g.opsPool(c.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			cfg.Tables = t
+			rep, err := ops.Check(c.Context(), pool, cfg)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if err := writeJSON(g, reportJSON(t, rep)); err != nil {
+					return err
+				}
+			} else if err := printReport(g, t, rep); err != nil {
+				return err
+			}
+			if rep.Healthy() {
+				return nil
+			}
+			var why []string
+			if rep.Lag.Stuck > 0 {
+				why = append(why, fmt.Sprintf("%d row(s) pending longer than %s", rep.Lag.Stuck, rep.StuckAfter))
+			}
+			if rep.LagBreached {
+				why = append(why, fmt.Sprintf("lag %s is over the %s SLO", fmtAge(rep.OldestPendingAge), rep.MaxLag))
+			}
+			return &exitError{code: 1, msg: "unhealthy: " + strings.Join(why, "; ")}
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&cfg.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck")
+	f.DurationVar(&cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: the oldest pending row must be younger than this")
+	f.IntVar(&cfg.Limit, "limit", ops.DefaultStuckLimit, "list at most this many stuck rows (all are counted)")
+	f.BoolVar(&asJSON, "json", false, "print JSON for scripts")
+	return cmd
+}
+
+func printReport(g *globals, t outbox.Tables, rep ops.Report) error {
+	slo := "ok"
+	if rep.LagBreached {
+		slo = "BREACHED"
+	}
+	fmt.Fprintf(g.stdout, "outbox %s: %d pending, oldest %s (lag SLO %s: %s), %d stuck (pending > %s)\n",
+		t.OutboxIdent(), rep.Pending, fmtAge(rep.OldestPendingAge), rep.MaxLag, slo, rep.Lag.Stuck, rep.StuckAfter)
+	if len(rep.Stuck) == 0 {
+		return nil
+	}
+	fmt.Fprintln(g.stdout)
+	w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "ID\tAGGREGATE\tTYPE\tAGE\tWAITS FOR\tATTEMPTS\tLAST ERROR")
+	for _, s := range rep.Stuck {
+		waits, attempts, lastErr := "-", "-", "-"
+		if s.BlockedBy != 0 {
+			waits = fmt.Sprint(s.BlockedBy)
+		}
+		if s.LastError != "" {
+			attempts = fmt.Sprint(s.Attempts)
+			lastErr = oneLine(s.LastError)
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.AggregateID, s.Type, fmtAge(s.Age), waits, attempts, lastErr)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if more := rep.Lag.Stuck - int64(len(rep.Stuck)); more > 0 {
+		fmt.Fprintf(g.stdout, "... and %d more (raise --limit to list them)\n", more)
+	}
+	return nil
+}
+
+func reportJSON(t outbox.Tables, rep ops.Report) map[string]any {
+	rows := make([]map[string]any, 0, len(rep.Stuck))
+	for _, s := range rep.Stuck {
+		row := map[string]any{
+			"id":           s.ID,
+			"aggregate_id": s.AggregateID,
+			"type":         s.Type,
+			"created_at":   timeOrNil(s.CreatedAt),
+			"age_seconds":  s.Age.Seconds(),
+			"blocked_by":   nil,
+			"last_error":   nil,
+			"attempts":     s.Attempts,
+			"failed_at":    timeOrNil(s.FailedAt),
+		}
+		if s.BlockedBy != 0 {
+			row["blocked_by"] = s.BlockedBy
+		}
+		if s.LastError != "" {
+			row["last_error"] = s.LastError
+		}
+		rows = append(rows, row)
+	}
+	return map[string]any{
+		"outbox":                     t.OutboxIdent(),
+		"healthy":                    rep.Healthy(),
+		"pending":                    rep.Pending,
+		"oldest_pending_age_seconds": rep.OldestPendingAge.Seconds(),
+		"max_lag_seconds":            rep.MaxLag.Seconds(),
+		"lag_breached":               rep.LagBreached,
+		"stuck":                      rep.Lag.Stuck,
+		"stuck_after_seconds":        rep.StuckAfter.Seconds(),
+		"stuck_rows":                 rows,
+	}
+}

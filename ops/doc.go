@@ -1,0 +1,18 @@
+// Package ops keeps an outbox visible and small: the figures behind
+// `outbox stats` (ReadStats, ReadLag), the watchdog for stuck rows and the
+// lag SLO (Check), retention cleanup (Cleanup), the relay's Prometheus
+// metrics with a Publisher decorator that counts by topic and error reason
+// (Metrics), and a Monitor that runs all of that beside a relayer, with
+// /metrics, /healthz and /readyz.
+//
+// The smallest check, for cron or a probe:
+//
+//	rep, err := ops.Check(ctx, pool, ops.WatchdogConfig{Tables: tables})
+//	if err == nil && !rep.Healthy() {
+//		// rep.Stuck lists the stuck rows with their last publish error
+//	}
+//
+// Why a row is stuck is known to the relay process that failed to publish
+// it; a Monitor attached to the relayer records each permanent failure in
+// the <outbox>_failures table (migration 2), where Check finds it.
+package ops

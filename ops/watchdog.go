@@ -1,0 +1,148 @@
+package ops
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// Watchdog defaults.
+const (
+	// DefaultMaxLag is the lag SLO: the oldest pending row should be
+	// younger than this. A healthy relay keeps it under a second.
+	DefaultMaxLag = 5 * time.Second
+	// DefaultStuckLimit is how many stuck rows a report lists.
+	DefaultStuckLimit = 100
+)
+
+// WatchdogConfig configures Check.
+type WatchdogConfig struct {
+	// Tables names the outbox. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// StuckAfter: rows pending longer are stuck. Defaults to
+	// DefaultStuckAfter (5m).
+	StuckAfter time.Duration
+	// MaxLag is the lag SLO. Defaults to DefaultMaxLag (5s).
+	MaxLag time.Duration
+	// Limit caps the stuck rows listed (all are counted). Defaults to
+	// DefaultStuckLimit.
+	Limit int
+}
+
+func (c WatchdogConfig) withDefaults() (WatchdogConfig, error) {
+	if err := c.Tables.Validate(); err != nil {
+		return c, err
+	}
+	c.Tables = c.Tables.WithDefaults()
+	if c.StuckAfter < 0 || c.MaxLag < 0 || c.Limit < 0 {
+		return c, fmt.Errorf("ops: watchdog StuckAfter (%s), MaxLag (%s) and Limit (%d) must not be negative; 0 means the default", c.StuckAfter, c.MaxLag, c.Limit)
+	}
+	if c.StuckAfter == 0 {
+		c.StuckAfter = DefaultStuckAfter
+	}
+	if c.MaxLag == 0 {
+		c.MaxLag = DefaultMaxLag
+	}
+	if c.Limit == 0 {
+		c.Limit = DefaultStuckLimit
+	}
+	return c, nil
+}
+
+// StuckRow is a row pending longer than the watchdog's StuckAfter.
+type StuckRow struct {
+	ID          int64
+	AggregateID uuid.UUID
+	Type        string
+	CreatedAt   time.Time
+	Age         time.Duration
+	// BlockedBy is the oldest pending row of the same aggregate when that
+	// is another row: this one waits behind it to keep the aggregate's
+	// order, and the cause is there. Zero when this row is the head.
+	BlockedBy int64
+	// LastError is the last permanent publish failure a relayer recorded
+	// for this row, with its time and the number of failed attempts
+	// recorded. Empty when none is known: no relayer tried it (is one
+	// running?), or its failures were transient (broker or network; see the
+	// relay's logs and outbox_publish_errors_total).
+	LastError string
+	Attempts  int
+	FailedAt  time.Time
+}
+
+// Report is what the watchdog found.
+type Report struct {
+	Lag
+	StuckAfter, MaxLag time.Duration
+	// LagBreached: the oldest pending row is older than MaxLag.
+	LagBreached bool
+	// Stuck lists the first Limit stuck rows in id order; Lag.Stuck counts
+	// them all.
+	Stuck []StuckRow
+}
+
+// Healthy reports whether nothing is stuck and the lag is within the SLO.
+func (r Report) Healthy() bool { return r.Lag.Stuck == 0 && !r.LagBreached }
+
+// stuckSQL is the seed's watchdog query with what an operator needs next:
+// the recorded error and the row an aggregate waits behind. It walks the
+// pending index in id order and stops at the limit; BlockedBy is one probe
+// of the (aggregate_id, id) WHERE dispatched_at IS NULL index per row.
+// $1 StuckAfter in microseconds, $2 limit.
+const stuckSQL = `SELECT o.id, o.aggregate_id, o.type, o.created_at,
+  extract(epoch FROM now() - o.created_at)::float8,
+  (SELECT min(p.id) FROM {{outbox}} p WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL),
+  f.error, f.attempts, f.failed_at
+FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id
+WHERE o.dispatched_at IS NULL AND o.created_at < now() - $1::bigint * interval '1 microsecond'
+ORDER BY o.id
+LIMIT $2`
+
+// Check runs the watchdog once: counts pending and stuck rows, checks the
+// lag SLO and lists stuck rows with what is known about them.
+func Check(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return Report{}, err
+	}
+	rep := Report{StuckAfter: cfg.StuckAfter, MaxLag: cfg.MaxLag}
+	if rep.Lag, err = ReadLag(ctx, db, cfg.Tables, cfg.StuckAfter); err != nil {
+		return rep, err
+	}
+	rep.LagBreached = rep.OldestPendingAge > cfg.MaxLag
+	if rep.Lag.Stuck == 0 {
+		return rep, nil
+	}
+	rows, err := db.Query(ctx, render(stuckSQL, cfg.Tables), cfg.StuckAfter.Microseconds(), cfg.Limit)
+	if err != nil {
+		return rep, fmt.Errorf("ops: list stuck rows of %s: %w", cfg.Tables.OutboxIdent(), err)
+	}
+	rep.Stuck, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StuckRow, error) {
+		var s StuckRow
+		var age float64
+		var head int64
+		var lastErr *string
+		var attempts *int
+		var failedAt *time.Time
+		if err := r.Scan(&s.ID, &s.AggregateID, &s.Type, &s.CreatedAt, &age, &head, &lastErr, &attempts, &failedAt); err != nil {
+			return s, err
+		}
+		s.Age = seconds(age)
+		if head != s.ID {
+			s.BlockedBy = head
+		}
+		if lastErr != nil {
+			s.LastError, s.Attempts, s.FailedAt = *lastErr, *attempts, *failedAt
+		}
+		return s, nil
+	})
+	if err != nil {
+		return rep, fmt.Errorf("ops: list stuck rows of %s: %w", cfg.Tables.OutboxIdent(), err)
+	}
+	return rep, nil
+}

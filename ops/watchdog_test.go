@@ -1,0 +1,116 @@
+package ops_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// insertRow writes a row by raw SQL with the given age and, when
+// dispatchedAgo >= 0, as dispatched that long ago; it returns the id.
+func insertRow(t *testing.T, db *pgtest.DB, agg uuid.UUID, typ string, age, dispatchedAgo time.Duration) int64 {
+	t.Helper()
+	var id int64
+	var dispatched *time.Duration
+	if dispatchedAgo >= 0 {
+		dispatched = &dispatchedAgo
+	}
+	err := db.Pool.QueryRow(context.Background(), `INSERT INTO `+db.Tables.OutboxIdent()+` (aggregate_id, type, payload, created_at, dispatched_at)
+VALUES ($1, $2, '{}', now() - $3::bigint * interval '1 microsecond',
+        CASE WHEN $4::bigint IS NULL THEN NULL ELSE now() - $4::bigint * interval '1 microsecond' END) RETURNING id`,
+		agg, typ, age.Microseconds(), micros(dispatched)).Scan(&id)
+	require.NoError(t, err)
+	return id
+}
+
+func micros(d *time.Duration) *int64 {
+	if d == nil {
+		return nil
+	}
+	us := d.Microseconds()
+	return &us
+}
+
+const pending = -1 // insertRow's dispatchedAgo for a pending row
+
+// The watchdog lists stuck rows in id order with the error a relayer
+// recorded, names the row a stuck row waits behind, checks the lag SLO, and
+// counts all stuck rows while listing at most Limit.
+func TestCheckListsStuckRowsWithTheirError(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
+	a, b := uuid.New(), uuid.New()
+	insertRow(t, db, uuid.New(), "order.placed", 20*time.Minute, 19*time.Minute)
+	a1 := insertRow(t, db, a, "order.placed", 10*time.Minute, pending)
+	a2 := insertRow(t, db, a, "order.paid", 9*time.Minute, pending)
+	b1 := insertRow(t, db, b, "payment.captured", 8*time.Minute, pending)
+	insertRow(t, db, uuid.New(), "order.placed", 0, pending)
+
+	// What a relayer holding a's head out would record, twice: a retry
+	// after the hold-out failed again.
+	failedAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	held := []relay.Failure{{EventID: a1, AggregateID: a, Type: "order.placed", Err: "permanent: first", At: failedAt, Until: time.Now().Add(time.Hour)}}
+	rec := ops.NewFailureRecorder(db.Pool, db.Tables, func() []relay.Failure { return held }, testLogger(t))
+	require.NoError(t, rec.Record(ctx))
+	require.NoError(t, rec.Record(ctx)) // nothing new: not counted again
+	held[0].Err, held[0].At = "permanent: payload is 2060 bytes; the limit is 1024", failedAt.Add(time.Second)
+	require.NoError(t, rec.Record(ctx))
+
+	rep, err := ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables})
+	require.NoError(t, err)
+	require.False(t, rep.Healthy())
+	require.True(t, rep.LagBreached)
+	require.Equal(t, int64(4), rep.Pending)
+	require.Equal(t, int64(3), rep.Lag.Stuck)
+	require.InDelta(t, (10 * time.Minute).Seconds(), rep.OldestPendingAge.Seconds(), 30)
+	require.Equal(t, ops.DefaultStuckAfter, rep.StuckAfter)
+	require.Equal(t, ops.DefaultMaxLag, rep.MaxLag)
+	require.Len(t, rep.Stuck, 3)
+
+	s := rep.Stuck[0]
+	require.Equal(t, a1, s.ID)
+	require.Equal(t, a, s.AggregateID)
+	require.Equal(t, "order.placed", s.Type)
+	require.Zero(t, s.BlockedBy, "the head of its aggregate waits for nothing")
+	require.Equal(t, "permanent: payload is 2060 bytes; the limit is 1024", s.LastError)
+	require.Equal(t, 2, s.Attempts)
+	require.WithinDuration(t, failedAt.Add(time.Second), s.FailedAt, time.Millisecond)
+	require.InDelta(t, (10 * time.Minute).Seconds(), s.Age.Seconds(), 30)
+
+	require.Equal(t, a2, rep.Stuck[1].ID)
+	require.Equal(t, a1, rep.Stuck[1].BlockedBy, "a's second row waits behind its first")
+	require.Empty(t, rep.Stuck[1].LastError)
+	require.Equal(t, b1, rep.Stuck[2].ID)
+	require.Zero(t, rep.Stuck[2].BlockedBy)
+
+	// Limit lists fewer, counts all; a generous threshold finds none stuck.
+	rep, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, rep.Stuck, 1)
+	require.Equal(t, int64(3), rep.Lag.Stuck)
+	rep, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, StuckAfter: time.Hour, MaxLag: time.Hour})
+	require.NoError(t, err)
+	require.True(t, rep.Healthy())
+	require.Empty(t, rep.Stuck)
+
+	_, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, StuckAfter: -time.Second})
+	require.ErrorContains(t, err, "must not be negative")
+}
+
+func TestCheckHealthyOnEmptyOutbox(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 2})
+	rep, err := ops.Check(context.Background(), db.Pool, ops.WatchdogConfig{Tables: db.Tables})
+	require.NoError(t, err)
+	require.True(t, rep.Healthy())
+	require.Zero(t, rep.Pending)
+	require.Zero(t, rep.OldestPendingAge)
+}
