@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,24 +74,6 @@ func (e *env) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error
 	cfg.MaxConns = maxConns
 	cfg.ConnConfig.RuntimeParams["search_path"] = e.schema
 	return pgxpool.NewWithConfig(ctx, cfg)
-}
-
-// url is the database URL with search_path set to the env's schema, for
-// child processes.
-func (e *env) url() string {
-	return withSearchPath(e.s.cfg.DatabaseURL, e.schema)
-}
-
-func withSearchPath(dbURL, schema string) string {
-	if dbURL == "" || !strings.Contains(dbURL, "://") {
-		// A keyword/value string (or libpq defaults).
-		return strings.TrimSpace(dbURL + " search_path=" + schema)
-	}
-	sep := "?"
-	if strings.Contains(dbURL, "?") {
-		sep = "&"
-	}
-	return dbURL + sep + "search_path=" + url.QueryEscape(schema)
 }
 
 func (e *env) close() {
