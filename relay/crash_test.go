@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/outbox"
@@ -160,9 +161,12 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 	const events, aggregates, writers = 4_000, 40, 4
 	b := setup(t)
 	gate := &gatedPublisher{}
+	// A retriable error sends the client to refresh its metadata, at most
+	// once per MetadataMinAge (5s by default, as long as the test's
+	// delivery timeout): keep it short so retries succeed within a publish.
+	gate.inner = b.publisher(t, kgo.MetadataMinAge(100*time.Millisecond))
 	r := b.relayer(t, func(c *relay.Config) {
 		c.BatchSize = 200
-		gate.inner = c.Publisher
 		c.Publisher = gate
 	})
 	run(t, r)

@@ -45,13 +45,9 @@ func setup(t *testing.T, brokerOpts ...kfake.Opt) *bundle {
 // its config.
 func (b *bundle) relayer(t *testing.T, mod func(*relay.Config)) *relay.Relayer {
 	t.Helper()
-	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
-		Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
-	require.NoError(t, err)
-	t.Cleanup(client.Close)
 	cfg := relay.Config{
 		Pool:         b.db.Pool,
-		Publisher:    kafka.NewPublisher(client, kafka.PublisherConfig{}),
+		Publisher:    b.publisher(t),
 		Tables:       b.db.Tables,
 		PollInterval: 50 * time.Millisecond,
 		BackoffMin:   10 * time.Millisecond,
@@ -63,6 +59,17 @@ func (b *bundle) relayer(t *testing.T, mod func(*relay.Config)) *relay.Relayer {
 	r, err := relay.New(cfg)
 	require.NoError(t, err)
 	return r
+}
+
+// publisher builds a Kafka publisher on the bundle's broker; opts go to its
+// client after the test defaults.
+func (b *bundle) publisher(t *testing.T, opts ...kgo.Opt) *kafka.Publisher {
+	t.Helper()
+	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
+		Opts: append([]kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}, opts...)})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	return kafka.NewPublisher(client, kafka.PublisherConfig{})
 }
 
 // run starts r in the background; the returned stop cancels it and waits.

@@ -162,7 +162,7 @@ func New(cfg Config) (*Relayer, error) {
 		}
 	}
 	if cfg.BackoffMax < cfg.BackoffMin {
-		return nil, fmt.Errorf("relay: BackoffMax (%s) is below BackoffMin (%s)", cfg.BackoffMax, cfg.BackoffMin)
+		return nil, fmt.Errorf("relay: BackoffMax (%s) is below BackoffMin (%s); raise BackoffMax or lower BackoffMin", cfg.BackoffMax, cfg.BackoffMin)
 	}
 	if cfg.BatchSize < 0 || cfg.BatchSize > 100_000 {
 		return nil, fmt.Errorf("relay: BatchSize is %d; use 1 to 100000, or 0 for the default 1000", cfg.BatchSize)

@@ -1,0 +1,280 @@
+package relay_test
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// start runs r until the returned cancel; done delivers Run's result.
+func start(r *relay.Relayer) (cancel context.CancelFunc, done <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan error, 1)
+	go func() { ch <- r.Run(ctx) }()
+	return cancel, ch
+}
+
+// waitRun waits for Run to return, within d.
+func waitRun(t *testing.T, done <-chan error, d time.Duration) time.Duration {
+	t.Helper()
+	begin := time.Now()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "Run returns nil when its context is cancelled")
+	case <-time.After(d):
+		t.Fatalf("Run did not return within %s of cancellation", d)
+	}
+	return time.Since(begin)
+}
+
+// An idle relayer waiting out a long poll interval returns as soon as it
+// is cancelled.
+func TestRelayerStopsPromptlyWhenIdle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, app := b.appPool(t, 2)
+	r := b.relayer(t, func(c *relay.Config) { c.Pool = pool; c.PollInterval = time.Hour })
+	cancel, done := start(r)
+	defer cancel()
+	require.Eventually(t, func() bool { return b.listening(t, app) }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	took := waitRun(t, done, 5*time.Second)
+	t.Logf("idle relayer stopped %s after cancellation", took.Round(time.Millisecond))
+}
+
+// blockingPublisher holds the first batch until released (or until its
+// context ends), then publishes it through inner.
+type blockingPublisher struct {
+	inner   relay.Publisher
+	entered chan struct{}
+	release chan struct{}
+	first   atomic.Bool
+}
+
+func newBlockingPublisher() *blockingPublisher {
+	return &blockingPublisher{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (p *blockingPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
+	if p.first.CompareAndSwap(false, true) {
+		close(p.entered)
+		select {
+		case <-p.release:
+		case <-ctx.Done():
+			errs := make([]error, len(msgs))
+			for i := range errs {
+				errs[i] = ctx.Err()
+			}
+			return errs
+		}
+	}
+	return p.inner.Publish(ctx, msgs)
+}
+
+// Cancelled mid-batch, a relayer finishes the batch (published and marked
+// in one commit) before Run returns: a SIGTERM loses nothing and leaves
+// nothing to send twice.
+func TestRelayerFinishesInFlightBatchOnStop(t *testing.T) {
+	t.Parallel()
+	const events = 100
+	b := setup(t)
+	b.preload(t, events, 10, "order.placed")
+	pub := newBlockingPublisher()
+	r := b.relayer(t, func(c *relay.Config) {
+		pub.inner = c.Publisher
+		c.Publisher = pub
+	})
+	cancel, done := start(r)
+	defer cancel()
+	select {
+	case <-pub.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relayer did not start publishing within 10s")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned (%v) while its batch was still being published", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(pub.release)
+	waitRun(t, done, 10*time.Second)
+	require.Zero(t, b.pending(t), "the in-flight batch must be committed")
+	require.EqualValues(t, events, r.Stats().Dispatched)
+	recs := b.consume(t, events, 20*time.Second, "order")
+	require.Len(t, recs, events, "each event exactly once")
+}
+
+// Past ShutdownTimeout the in-flight batch is abandoned: rolled back, its
+// rows still pending for the next relayer, and Run still returns nil.
+func TestRelayerAbandonsBatchAfterShutdownTimeout(t *testing.T) {
+	t.Parallel()
+	const events = 100
+	b := setup(t)
+	b.preload(t, events, 10, "order.placed")
+	pub := newBlockingPublisher() // never released: only its context ends it
+	r := b.relayer(t, func(c *relay.Config) {
+		c.ShutdownTimeout = 200 * time.Millisecond
+		pub.inner = c.Publisher
+		c.Publisher = pub
+	})
+	cancel, done := start(r)
+	defer cancel()
+	select {
+	case <-pub.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relayer did not start publishing within 10s")
+	}
+	cancel()
+	waitRun(t, done, 10*time.Second)
+	require.Equal(t, events, b.pending(t), "an abandoned batch is rolled back")
+	require.Zero(t, r.Stats().Dispatched)
+}
+
+// With a poll interval of an hour, only NOTIFY can wake an idle relayer:
+// events committed while it waits are published within seconds. Three
+// rounds, so a wake-up from the listener connecting cannot pass for one.
+func TestNotifyWakesIdleRelayer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, app := b.appPool(t, 2)
+	r := b.relayer(t, func(c *relay.Config) { c.Pool = pool; c.PollInterval = time.Hour })
+	run(t, r)
+	require.Eventually(t, func() bool { return b.listening(t, app) }, 10*time.Second, 10*time.Millisecond)
+	for round := range 3 {
+		id := b.emit(t, uuid.New(), "order.placed", map[string]int{"round": round})
+		begin := time.Now()
+		require.Eventually(t, func() bool { return b.pending(t) == 0 }, 10*time.Second, 5*time.Millisecond,
+			"round %d: event %d not published; NOTIFY did not wake the relayer", round, id)
+		t.Logf("round %d: event %d published %s after commit", round, id, time.Since(begin).Round(time.Millisecond))
+	}
+	require.EqualValues(t, 3, r.Stats().Dispatched)
+}
+
+// Poll-only mode (for transaction-mode poolers) holds no LISTEN and still
+// publishes, at its poll interval.
+func TestPollOnlyRelayerPublishes(t *testing.T) {
+	t.Parallel()
+	const events = 20
+	b := setup(t)
+	pool, app := b.appPool(t, 2)
+	r := b.relayer(t, func(c *relay.Config) { c.Pool = pool; c.PollOnly = true; c.PollInterval = 50 * time.Millisecond })
+	run(t, r)
+	committed := b.emitSpread(t, events, 4, "order.placed")
+	b.waitDrained(t, 10*time.Second)
+	var backends int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&backends))
+	require.Positive(t, backends, "the relayer's connections should be visible")
+	require.False(t, b.listening(t, app), "a poll-only relayer must not LISTEN")
+	checkDelivered(t, committed, b.consume(t, events, 20*time.Second, "order"))
+}
+
+// A row the broker can never take (here: larger than the relay's payload
+// limit, inserted behind the producer's back) stops only its own
+// aggregate: later rows of that aggregate wait behind it, in order, while
+// every other aggregate keeps flowing; Held reports it with the reason.
+func TestPoisonRowHoldsOnlyItsAggregate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	r := b.relayer(t, func(c *relay.Config) { c.MaxPayloadBytes = 1000 })
+	poisoned := uuid.New()
+	others := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
+	healthy := map[int64]uuid.UUID{}
+	emit := func(agg uuid.UUID) int64 {
+		id := b.emit(t, agg, "order.placed", map[string]string{"agg": agg.String()})
+		healthy[id] = agg
+		return id
+	}
+	for _, o := range others {
+		emit(o)
+	}
+	emit(poisoned) // before the poison row: published
+	var poison int64
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `INSERT INTO `+b.db.Tables.OutboxIdent()+` (aggregate_id, type, payload)
+		VALUES ($1, 'order.placed', jsonb_build_object('blob', repeat('x', 5000))) RETURNING id`, poisoned).Scan(&poison))
+	after := emit(poisoned)
+	delete(healthy, after)
+	for _, o := range others {
+		emit(o)
+	}
+
+	run(t, r)
+	pendingIDs := func() []int64 {
+		rows, err := b.db.Pool.Query(ctx, "SELECT id FROM "+b.db.Tables.OutboxIdent()+" WHERE dispatched_at IS NULL ORDER BY id")
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return ids
+	}
+	require.Eventually(t, func() bool { return slices.Equal(pendingIDs(), []int64{poison, after}) }, 20*time.Second, 20*time.Millisecond,
+		"everything but the poison row and its successor should be published")
+	// The relayer keeps going for other aggregates.
+	for _, o := range others {
+		emit(o)
+	}
+	require.Eventually(t, func() bool { return slices.Equal(pendingIDs(), []int64{poison, after}) }, 20*time.Second, 20*time.Millisecond)
+
+	held := r.Held()
+	require.Len(t, held, 1)
+	require.Equal(t, poison, held[0].EventID)
+	require.Equal(t, poisoned, held[0].AggregateID)
+	require.Contains(t, held[0].Err, "payload is")
+	require.Contains(t, held[0].Err, "the limit is 1000")
+	require.True(t, held[0].Until.After(time.Now()))
+	require.GreaterOrEqual(t, r.Stats().PermanentFailures, int64(1))
+
+	recs := b.consume(t, len(healthy), 20*time.Second, "order")
+	checkDelivered(t, healthy, recs)
+	require.Len(t, recs, len(healthy))
+	t.Logf("poison row %d held: %s; %d healthy events published, %d and %d pending", poison, held[0].Err, len(recs), poison, after)
+}
+
+// Every database connection of a relayer, its LISTEN included, is killed
+// several times while writers commit: it reconnects, the listener comes
+// back (the poll interval is an hour, so only NOTIFY wakes it), and every
+// event is published in order.
+func TestRelayerRidesOutTerminatedConnections(t *testing.T) {
+	t.Parallel()
+	const events, aggregates, writers, kills = 2_000, 20, 2, 3
+	b := setup(t)
+	pool, app := b.appPool(t, 2)
+	r := b.relayer(t, func(c *relay.Config) { c.Pool = pool; c.PollInterval = time.Hour; c.BatchSize = 100 })
+	run(t, r)
+	require.Eventually(t, func() bool { return b.listening(t, app) }, 10*time.Second, 10*time.Millisecond)
+
+	var committed map[int64]uuid.UUID
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		committed = b.writeLoad(t, events, aggregates, writers, "order.placed")
+	}()
+	killed := 0
+	for i := range kills {
+		target := int64(events * (i + 1) / (kills + 2))
+		require.Eventually(t, func() bool { return r.Stats().Dispatched >= target }, 30*time.Second, 5*time.Millisecond)
+		killed += b.terminate(t, app, "")
+		require.Eventually(t, func() bool { return b.listening(t, app) }, 10*time.Second, 10*time.Millisecond,
+			"the listener did not reconnect after kill %d", i+1)
+	}
+	select {
+	case <-wrote:
+	case <-time.After(60 * time.Second):
+		t.Fatal("writers did not finish within 60s")
+	}
+	require.Len(t, committed, events)
+	b.waitDrained(t, 30*time.Second)
+	recs := b.consume(t, events, 30*time.Second, "order")
+	dups := checkDelivered(t, committed, recs)
+	s := r.Stats()
+	t.Logf("%d kills (%d backends); %d batches, %d failed; %d records, %d duplicates", kills, killed, s.Batches, s.FailedBatches, len(recs), dups)
+}

@@ -1,0 +1,79 @@
+package relay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+type discardPublisher struct{}
+
+func (discardPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
+	return make([]error, len(msgs))
+}
+
+// relay.New refuses a bad configuration with an error that names the field
+// and says what to do, and fills in documented defaults otherwise.
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	// pgxpool connects lazily: New never talks to the server.
+	pool, err := pgxpool.New(context.Background(), pgtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	good := func() relay.Config { return relay.Config{Pool: pool, Publisher: discardPublisher{}} }
+
+	for _, tc := range []struct {
+		name string
+		mod  func(*relay.Config)
+		want []string
+	}{
+		{"nil pool", func(c *relay.Config) { c.Pool = nil }, []string{"Config.Pool is nil", "pgxpool.Pool"}},
+		{"nil publisher", func(c *relay.Config) { c.Publisher = nil }, []string{"Config.Publisher is nil", "kafka.NewPublisher"}},
+		{"negative poll interval", func(c *relay.Config) { c.PollInterval = -time.Second }, []string{"PollInterval is -1s", "positive duration", "0 for the default"}},
+		{"negative hold out", func(c *relay.Config) { c.HoldOut = -time.Minute }, []string{"HoldOut is -1m0s"}},
+		{"negative backoff min", func(c *relay.Config) { c.BackoffMin = -time.Millisecond }, []string{"BackoffMin is -1ms"}},
+		{"negative backoff max", func(c *relay.Config) { c.BackoffMax = -time.Second }, []string{"BackoffMax is -1s"}},
+		{"negative shutdown timeout", func(c *relay.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout is -1s"}},
+		{"backoff max below min", func(c *relay.Config) { c.BackoffMin, c.BackoffMax = time.Second, time.Millisecond }, []string{"BackoffMax (1ms) is below BackoffMin (1s)", "raise BackoffMax"}},
+		{"negative batch size", func(c *relay.Config) { c.BatchSize = -1 }, []string{"BatchSize is -1", "1 to 100000", "0 for the default 1000"}},
+		{"huge batch size", func(c *relay.Config) { c.BatchSize = 100_001 }, []string{"BatchSize is 100001"}},
+		{"negative payload limit", func(c *relay.Config) { c.MaxPayloadBytes = -1 }, []string{"MaxPayloadBytes is -1"}},
+		{"topic prefix with a space", func(c *relay.Config) { c.TopicPrefix = "my prefix." }, []string{`topic prefix "my prefix."`, "letters, digits"}},
+		{"topic prefix with a slash", func(c *relay.Config) { c.TopicPrefix = "prod/" }, []string{`topic prefix "prod/"`}},
+		{"topic prefix too long", func(c *relay.Config) { c.TopicPrefix = strings.Repeat("p", 249) }, []string{"topic prefix", "at most 249"}},
+		{"bad table name", func(c *relay.Config) { c.Tables = outbox.Tables{Outbox: "events; DROP TABLE x"} }, []string{"not a plain identifier"}},
+		{"bad schema name", func(c *relay.Config) { c.Tables = outbox.Tables{Schema: "My-Schema"} }, []string{`schema name "My-Schema"`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := good()
+			tc.mod(&cfg)
+			r, err := relay.New(cfg)
+			require.Error(t, err)
+			require.Nil(t, r)
+			for _, w := range tc.want {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+
+	r, err := relay.New(good())
+	require.NoError(t, err)
+	cfg := r.Config()
+	require.Equal(t, 1000, cfg.BatchSize)
+	require.Equal(t, time.Second, cfg.PollInterval)
+	require.Equal(t, time.Minute, cfg.HoldOut)
+	require.Equal(t, 100*time.Millisecond, cfg.BackoffMin)
+	require.Equal(t, 30*time.Second, cfg.BackoffMax)
+	require.Equal(t, 30*time.Second, cfg.ShutdownTimeout)
+	require.Equal(t, outbox.DefaultMaxPayloadBytes, cfg.MaxPayloadBytes)
+	require.Equal(t, outbox.Tables{}.WithDefaults(), cfg.Tables)
+	require.NotNil(t, cfg.Logger)
+}
