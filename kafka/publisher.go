@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -78,7 +79,7 @@ func NewPublisherClient(cfg ClientConfig) (*kgo.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return kgo.NewClient(append(ProducerOptions(), opts...)...)
+	return kgo.NewClient(append(append(ProducerOptions(), kgo.ManualFlushing()), opts...)...)
 }
 
 // Record builds the Kafka record for one outbox message.
@@ -114,25 +115,32 @@ func Record(m relay.Message, source string) *kgo.Record {
 	}
 }
 
-// Publish produces msgs and waits for every acknowledgement.
+// Publish buffers every record of msgs, then flushes and waits for every
+// acknowledgement. Buffering the whole batch first keeps per-aggregate
+// order when a produce request fails for good: franz-go then fails every
+// record it holds for that partition and starts the partition afresh, so a
+// record appended after the failure would be written ahead of its failed
+// predecessors. That needs a client with kgo.ManualFlushing, as
+// NewPublisherClient builds; on other clients Publish works without the
+// protection.
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
-	recs := make([]*kgo.Record, len(msgs))
-	for i, m := range msgs {
-		recs[i] = Record(m, p.source)
-	}
-	results := p.client.ProduceSync(ctx, recs...)
-	// ProduceSync appends results in completion order, not in the order of
-	// recs: match each result to its message by record.
-	idx := make(map[*kgo.Record]int, len(recs))
-	for i, r := range recs {
-		idx[r] = i
-	}
 	errs := make([]error, len(msgs))
-	for _, r := range results {
-		if r.Err != nil {
-			errs[idx[r.Record]] = Classify(r.Err)
-		}
+	var wg sync.WaitGroup
+	wg.Add(len(msgs))
+	for i, m := range msgs {
+		p.client.Produce(ctx, Record(m, p.source), func(_ *kgo.Record, err error) {
+			if err != nil {
+				errs[i] = Classify(err)
+			}
+			wg.Done()
+		})
 	}
+	if err := p.client.Flush(ctx); err != nil {
+		// Not sent yet: fail them now, or the next Flush would send them
+		// behind the relayer's back.
+		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
+	}
+	wg.Wait()
 	return errs
 }
 

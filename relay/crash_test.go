@@ -214,9 +214,6 @@ func TestBrokerFaultsLoseNothing(t *testing.T) {
 // the batch spans several requests depends on timing.
 func TestFailedProduceDoesNotLetLaterEventsOvertake(t *testing.T) {
 	t.Parallel()
-	t.Skip("known bug in kafka.Publisher: ProduceSync streams a batch into franz-go while it sends, so after a failed " +
-		"request later records of the partition are still written (reproduced 4 rounds in 5); fix: buffer the whole batch " +
-		"before sending (kgo.ManualFlushing + Flush), then remove this skip")
 	const rounds, batch = 3, 1_000
 	b := setup(t)
 	r := b.relayer(t, func(c *relay.Config) { c.BatchSize = batch })
