@@ -1,0 +1,283 @@
+package e2e_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtest"
+)
+
+// binary is the outbox command, built once for the package.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "outbox-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "outbox")
+	build := exec.Command("go", "build", "-o", binary, "github.com/pgoutbox/outbox/cmd/outbox")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build outbox:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running outbox process.
+type proc struct {
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan error
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// start runs `outbox args...` in the background; the process is killed at
+// cleanup if still running.
+func start(t *testing.T, args ...string) *proc {
+	t.Helper()
+	out := &syncBuffer{}
+	cmd := exec.Command(binary, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.Env = append(os.Environ(), "DATABASE_URL=", "KAFKA_BROKERS=")
+	require.NoError(t, cmd.Start())
+	p := &proc{cmd: cmd, out: out, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-p.done })
+	return p
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
+}
+
+// wait returns the exit code, failing the test after timeout.
+func (p *proc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		p.done <- nil // let cleanup's receive return
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		t.Fatalf("process did not exit within %s; output:\n%s", timeout, p.out.String())
+		return -1
+	}
+}
+
+// writers emits n events over aggs aggregates from w goroutines, in
+// transactions of batch events, spread over roughly d. It returns the
+// committed ids by aggregate.
+func writers(t *testing.T, ctx context.Context, db *pgtest.DB, n, aggs, w, batch int, d time.Duration) map[uuid.UUID][]int64 {
+	t.Helper()
+	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
+	require.NoError(t, err)
+	ids := make([]uuid.UUID, aggs)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	var (
+		mu        sync.Mutex
+		committed = map[uuid.UUID][]int64{}
+		wg        sync.WaitGroup
+	)
+	txs := n / batch
+	pause := d / time.Duration(max(1, txs/w))
+	for g := range w {
+		wg.Go(func() {
+			for i := g; i < txs; i += w {
+				evs := make([]outbox.Event, batch)
+				for j := range evs {
+					evs[j] = outbox.Event{AggregateID: ids[rand.IntN(aggs)], Type: "order.placed", Payload: map[string]int{"tx": i, "n": j}}
+				}
+				var got []int64
+				err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+					var err error
+					got, err = p.EmitBatch(ctx, tx, evs)
+					return err
+				})
+				if err != nil {
+					t.Errorf("emit: %v", err)
+					return
+				}
+				mu.Lock()
+				for j, id := range got {
+					committed[evs[j].AggregateID] = append(committed[evs[j].AggregateID], id)
+				}
+				mu.Unlock()
+				time.Sleep(pause)
+			}
+		})
+	}
+	wg.Wait()
+	return committed
+}
+
+// pending counts undispatched rows.
+func pending(t *testing.T, db *pgtest.DB) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Tables.OutboxIdent()+" WHERE dispatched_at IS NULL").Scan(&n))
+	return n
+}
+
+type delivered struct {
+	key       string
+	partition int32
+	id        int64
+}
+
+// readTopic reads the whole topic from the start, until no record has
+// arrived for quiet and at least want records were read.
+func readTopic(t *testing.T, addr, topic string, want int, timeout time.Duration) []delivered {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+	var out []delivered
+	deadline := time.Now().Add(timeout)
+	lastGrowth := time.Now()
+	for {
+		if len(out) >= want && time.Since(lastGrowth) > time.Second {
+			return out
+		}
+		require.False(t, time.Now().After(deadline), "read %d of at least %d records within %s", len(out), want, timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		before := len(out)
+		fs.EachRecord(func(r *kgo.Record) {
+			d := delivered{key: string(r.Key), partition: r.Partition}
+			for _, h := range r.Headers {
+				if h.Key == "event_id" {
+					d.id, _ = strconv.ParseInt(string(h.Value), 10, 64)
+				}
+			}
+			out = append(out, d)
+		})
+		if len(out) > before {
+			lastGrowth = time.Now()
+		}
+	}
+}
+
+// verify checks no loss, no invention, per-aggregate order (first
+// deliveries ascend within the aggregate's single partition), and returns
+// the number of duplicate deliveries.
+func verify(t *testing.T, committed map[uuid.UUID][]int64, got []delivered) int {
+	t.Helper()
+	want := map[int64]uuid.UUID{}
+	for agg, ids := range committed {
+		for _, id := range ids {
+			want[id] = agg
+		}
+	}
+	seen := map[int64]bool{}
+	partition := map[string]int32{}
+	last := map[string]int64{}
+	dups := 0
+	for _, d := range got { // one partition's records are in offset order
+		agg, ok := want[d.id]
+		require.True(t, ok, "event %d was never committed", d.id)
+		require.Equal(t, agg.String(), d.key, "event %d has the wrong key", d.id)
+		if p, ok := partition[d.key]; ok {
+			require.Equal(t, p, d.partition, "aggregate %s in two partitions", d.key)
+		}
+		partition[d.key] = d.partition
+		if seen[d.id] {
+			dups++
+			continue
+		}
+		seen[d.id] = true
+		require.Greater(t, d.id, last[d.key], "aggregate %s: event %d first delivered after %d", d.key, d.id, last[d.key])
+		last[d.key] = d.id
+	}
+	require.Len(t, seen, len(want), "every committed event delivered")
+	return dups
+}
+
+// freeAddr returns a loopback address nothing listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 20*time.Second, 50*time.Millisecond, "nothing listens on %s", addr)
+}
+
+// metric reads one unlabelled (or summed) sample from a /metrics page.
+func metric(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	sum, found := 0.0, false
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		require.NoError(t, err, line)
+		sum += v
+		found = true
+	}
+	require.True(t, found, "metric %s not served", name)
+	return sum
+}
