@@ -5,18 +5,21 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 )
 
 func newRelayCmd(g *globals) *cobra.Command {
 	var (
-		kf     kafkaFlags
-		cfg    relay.Config
-		source string
-		rops   relayOps // metrics, health, watchdog, cleanup: relayops.go
+		kf      kafkaFlags
+		cfg     relay.Config
+		source  string
+		deliver time.Duration
+		rops    relayOps // metrics, health, watchdog, cleanup: relayops.go
 	)
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -46,6 +49,10 @@ exit 0. Database and broker outages are retried with backoff.`,
 			if len(kcfg.Brokers) == 0 {
 				return errors.New("no Kafka brokers: pass --brokers host:port or set KAFKA_BROKERS (for a local broker run 'outbox dev-kafka')")
 			}
+			if deliver <= 0 {
+				return errors.New("--delivery-timeout must be positive, e.g. 30s")
+			}
+			kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(deliver))
 			client, err := kafka.NewPublisherClient(kcfg)
 			if err != nil {
 				return err
@@ -70,6 +77,15 @@ exit 0. Database and broker outages are retried with backoff.`,
 			if err != nil {
 				return err
 			}
+			// Check the schema before the watchdog and cleanup jobs start,
+			// so an unmigrated table gives one clear error, not job warnings.
+			m, err := migrate.New(t)
+			if err != nil {
+				return err
+			}
+			if err := m.Validate(ctx, pool); err != nil {
+				return err
+			}
 			stopOps, err := rops.start(ctx, r)
 			if err != nil {
 				return err
@@ -88,6 +104,7 @@ exit 0. Database and broker outages are retried with backoff.`,
 	f.IntVar(&cfg.MaxPayloadBytes, "max-payload-bytes", outbox.DefaultMaxPayloadBytes, "rows with larger payloads are held out, not sent")
 	f.DurationVar(&cfg.HoldOut, "hold-out", time.Minute, "how long an aggregate whose event the broker rejected is skipped before a retry")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long the batch in flight may take to finish after SIGTERM")
+	f.DurationVar(&deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
 	f.StringVar(&source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	return cmd
 }

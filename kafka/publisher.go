@@ -48,6 +48,13 @@ func ProducerOptions() []kgo.Opt {
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(DefaultDeliveryTimeout),
+		// Without this, a record already written to a connection that then
+		// dies is never timed out (the client cannot know whether the broker
+		// stored it) and the batch waits for the broker to come back,
+		// holding its transaction open with no error to count or log. The
+		// relayer is at-least-once anyway: it rolls the batch back and sends
+		// it again, and a possible duplicate is what consumers dedupe.
+		kgo.AllowIdempotentProduceCancellation(),
 		kgo.ProducerBatchMaxBytes(DefaultMaxMessageBytes),
 		kgo.UnknownTopicRetries(3),
 		kgo.MaxBufferedRecords(100_000),
