@@ -215,9 +215,10 @@ func (r *Result) target(name, goal, measured string, met bool) {
 // session is one Run: the configuration, an admin pool for schema setup,
 // and what is known of the machine.
 type session struct {
-	cfg     Config
-	admin   *pgxpool.Pool
-	machine Machine
+	cfg              Config
+	admin            *pgxpool.Pool
+	machine          Machine
+	warnedCheckpoint bool
 }
 
 func (s *session) progress(format string, args ...any) {

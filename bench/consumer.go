@@ -47,7 +47,7 @@ func benchEvents(n int) ([]consumer.Event, error) {
 
 func runConsumer(ctx context.Context, s *session) (*Result, error) {
 	cfg := s.cfg
-	n := pick(cfg.Short, 2_000, 100_000)
+	n := pick(cfg.Short, 2_000, 50_000)
 	workers := cfg.Writers
 	e, err := s.newEnv(ctx, "consumer", int32(workers))
 	if err != nil {
@@ -73,23 +73,37 @@ func runConsumer(ctx context.Context, s *session) (*Result, error) {
 		key, name string
 		batch     int
 	}
-	for _, r := range []run{{"single", "Processor.Process, 1 event per tx", 1}, {"batch_100", "Processor.ProcessBatch, 100 per tx", 100}, {"batch_1000", "Processor.ProcessBatch, 1,000 per tx", 1000}} {
+	runs := []run{{"single", "Processor.Process, 1 event per tx", 1}, {"batch_100", "Processor.ProcessBatch, 100 per tx", 100}, {"batch_1000", "Processor.ProcessBatch, 1,000 per tx", 1000}}
+	if !cfg.Short {
+		// The dedupe's own cost: the same batches with a handler that
+		// writes nothing.
+		runs = append(runs, run{"batch_1000_noop", "Processor.ProcessBatch, 1,000 per tx, handler writes nothing", 1000})
+	}
+	for _, r := range runs {
 		name := "bench-" + r.key
 		p, err := consumer.NewProcessor(consumer.ProcessorConfig{Name: name, Pool: e.pool, Tables: e.tables})
 		if err != nil {
 			return nil, err
 		}
+		h := ledgerHandler(name)
+		if r.key == "batch_1000_noop" {
+			h = func(context.Context, pgx.Tx, consumer.Event) error { return nil }
+		}
 		s.progress("consumer: %s", r.name)
-		elapsed, err := processAll(ctx, p, evs, r.batch, workers, ledgerHandler(name))
+		elapsed, err := processAll(ctx, p, evs, r.batch, workers, h)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", r.name, err)
 		}
 		// Redeliver everything: nothing may run twice.
-		if _, err := processAll(ctx, p, evs, 1000, workers, ledgerHandler(name)); err != nil {
+		if _, err := processAll(ctx, p, evs, 1000, workers, h); err != nil {
 			return nil, fmt.Errorf("%s, redelivery: %w", r.name, err)
 		}
 		st := p.Stats()
-		if err := checkLedger(ctx, e, name, int64(n)); err != nil {
+		want := int64(n)
+		if r.key == "batch_1000_noop" {
+			want = 0
+		}
+		if err := checkLedger(ctx, e, name, want); err != nil {
 			return nil, fmt.Errorf("%s: %w", r.name, err)
 		}
 		if st.Processed != int64(n) || st.Duplicates != int64(n) {
@@ -112,7 +126,7 @@ func runConsumer(ctx context.Context, s *session) (*Result, error) {
 	}
 	res.Tables = append(res.Tables, t)
 	best := max(res.Metrics["consumer.batch_100.events_per_s"], res.Metrics["consumer.batch_1000.events_per_s"])
-	res.target("idempotent consumer, batched", ">= 20,000 events/s", fmt.Sprintf("%s events/s ProcessBatch; %s through Kafka", rate(best), rate(res.Metrics["consumer.kafka_batch.events_per_s"])), best >= 20_000)
+	res.target("idempotent consumer, batched", ">= 20,000 events/s (handler writes one row)", fmt.Sprintf("%s events/s ProcessBatch; %s through Kafka", rate(best), rate(res.Metrics["consumer.kafka_batch.events_per_s"])), best >= 20_000)
 	return res, nil
 }
 

@@ -96,7 +96,7 @@ func (e *env) exec(ctx context.Context, sql string, args ...any) error {
 // scenario's; aggregates are md5-derived UUIDs, spread round-robin.
 const preloadSQL = `INSERT INTO %s (aggregate_id, type, payload, created_at, dispatched_at)
 SELECT md5('aggregate-' || (g %% $2))::uuid, 'order.placed',
-  jsonb_build_object('order_id', g, 'customer_id', 'customer-' || (g %% $2), 'total_cents', (g * 7919) %% 100000,
+  jsonb_build_object('order_id', g, 'customer_id', 'customer-' || (g %% $2), 'total_cents', (g::bigint * 7919) %% 100000,
     'currency', 'EUR', 'items', jsonb_build_array(jsonb_build_object('sku', 'SKU-' || (g %% 97), 'qty', 1 + g %% 5, 'price_cents', 1999))),
   now(), CASE WHEN $3 THEN now() END
 FROM generate_series(1, $1) g`
@@ -126,7 +126,22 @@ func (e *env) reset(ctx context.Context, n, aggregates int) error {
 	if err := e.preload(ctx, n, aggregates); err != nil {
 		return err
 	}
-	return e.vacuum(ctx)
+	if err := e.vacuum(ctx); err != nil {
+		return err
+	}
+	e.checkpoint(ctx)
+	return nil
+}
+
+// checkpoint starts the measurement right after a checkpoint, so every run
+// pays the same full-page writes rather than whichever run a checkpoint
+// happens to land in. It needs superuser (or pg_checkpoint); without it
+// the runs are just noisier.
+func (e *env) checkpoint(ctx context.Context) {
+	if err := e.exec(ctx, "CHECKPOINT"); err != nil && !e.s.warnedCheckpoint {
+		e.s.warnedCheckpoint = true
+		e.s.progress("CHECKPOINT before each run failed (%v); figures will be noisier", err)
+	}
 }
 
 // vacuum runs VACUUM ANALYZE on the outbox: autovacuum may be off (it is

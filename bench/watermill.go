@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,13 +70,19 @@ func (s *session) runWatermill(ctx context.Context, events int64) (wmResult, err
 	return res, nil
 }
 
-func wmTable(res *Result, wm wmResult) {
-	res.Tables = append(res.Tables, Table{
-		Title:   "Watermill forwarder, same preload size, same server and broker kind",
+// wmTable adds Watermill's figure, next to the outbox relay's on the same
+// number of events when outbox is not NaN.
+func wmTable(res *Result, wm wmResult, outbox float64) {
+	t := Table{
+		Title:   fmt.Sprintf("%s events, same server and broker kind", thousands(wm.Events)),
 		Columns: []string{"drainer", "events/s", "seconds", "batch", "poll"},
 		Rows: [][]string{{"Watermill forwarder (watermill-sql v4 + watermill-kafka v3)", rate(wm.EventsPerS),
 			fmt.Sprintf("%.2f", wm.Seconds), strconv.Itoa(wm.BatchSize), fmt.Sprintf("%g ms", wm.PollMS)}},
-	})
+	}
+	if !math.IsNaN(outbox) {
+		t.Rows = append(t.Rows, []string{"outbox relay, 1 relayer, defaults (median)", rate(outbox), fmt.Sprintf("%.2f", float64(wm.Events)/outbox), "1000", "1000 ms (LISTEN)"})
+	}
+	res.Tables = append(res.Tables, t)
 	res.metric("watermill.events_per_s", wm.EventsPerS)
 	res.metric("watermill.events", float64(wm.Events))
 	res.note("Watermill: %s; preloaded through its forwarder publisher; it publishes one message at a time and waits for each acknowledgement (Sarama SyncProducer)", wm.Watermill)
@@ -90,6 +97,6 @@ func runWatermillScenario(ctx context.Context, s *session) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	wmTable(res, wm)
+	wmTable(res, wm, math.NaN())
 	return res, nil
 }
