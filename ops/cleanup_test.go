@@ -2,7 +2,6 @@ package ops_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,10 +125,14 @@ func TestCleanupRunsOneAtATime(t *testing.T) {
 		_, err := ops.Cleanup(slowCtx, db.Pool, ops.CleanupConfig{Tables: db.Tables, BatchSize: 1, Pause: time.Second})
 		slow <- err
 	}()
-	require.Eventually(t, func() bool {
-		_, err := ops.Cleanup(ctx, db.Pool, ops.CleanupConfig{Tables: db.Tables, BatchSize: 1, Pause: time.Hour})
-		return errors.Is(err, ops.ErrCleanupRunning)
-	}, 10*time.Second, 20*time.Millisecond, "a second cleanup ran beside the first")
+	// Wait until the slow one holds the lock (it has deleted a row), so
+	// the probe below cannot be the one that takes it.
+	b := &bundle{db: db}
+	require.Eventually(t, func() bool { return b.count(t, "true") < 50 }, 10*time.Second, 20*time.Millisecond, "the slow cleanup never started")
+	probeCtx, probeCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer probeCancel()
+	_, err := ops.Cleanup(probeCtx, db.Pool, ops.CleanupConfig{Tables: db.Tables, BatchSize: 1, Pause: time.Hour})
+	require.ErrorIs(t, err, ops.ErrCleanupRunning, "a second cleanup ran beside the first")
 
 	cancel()
 	select {
