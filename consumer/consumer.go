@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
@@ -370,7 +370,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		})
 		if fetches.NumRecords() == 0 {
 			cl.AllowRebalance()
-			if errored && !sleep(ctx, c.cfg.BackoffMin) {
+			if errored && !backoff.Sleep(ctx, c.cfg.BackoffMin) {
 				break
 			}
 			continue
@@ -588,9 +588,9 @@ func (c *Consumer) processOne(stop, work context.Context, it item, prior *Handle
 			// attempt.
 			outages++
 			c.retries.Add(1)
-			d := backoff(c.cfg.BackoffMin, c.cfg.BackoffMax, outages)
+			d := backoff.Delay(c.cfg.BackoffMin, c.cfg.BackoffMax, outages)
 			c.log.Warn("processing failed, not for the event's fault; retrying", "err", err, "event_id", it.ev.ID, "retry_in", d.Round(time.Millisecond))
-			if !sleep(stop, d) {
+			if !backoff.Sleep(stop, d) {
 				return false
 			}
 			err = nil
@@ -608,9 +608,9 @@ func (c *Consumer) processOne(stop, work context.Context, it item, prior *Handle
 			return c.deadLetter(stop, work, it.rec, attempts, he.Err.Error())
 		}
 		c.retries.Add(1)
-		d := backoff(c.cfg.BackoffMin, c.cfg.BackoffMax, attempts)
+		d := backoff.Delay(c.cfg.BackoffMin, c.cfg.BackoffMax, attempts)
 		log.Warn("handler failed; retrying", "err", he.Err, "retry_in", d.Round(time.Millisecond))
-		if !sleep(stop, d) {
+		if !backoff.Sleep(stop, d) {
 			return false
 		}
 		err = nil
@@ -667,10 +667,10 @@ func (c *Consumer) deadLetter(stop, work context.Context, r *kgo.Record, attempt
 		if stop.Err() != nil {
 			return false
 		}
-		d := backoff(c.cfg.BackoffMin, c.cfg.BackoffMax, failures)
+		d := backoff.Delay(c.cfg.BackoffMin, c.cfg.BackoffMax, failures)
 		c.log.Error("dead-letter write failed; retrying (the record's offset is not committed until it succeeds)",
 			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dlq_topic", topic, "err", err, "retry_in", d.Round(time.Millisecond))
-		if !sleep(stop, d) {
+		if !backoff.Sleep(stop, d) {
 			return false
 		}
 	}
@@ -780,25 +780,4 @@ func formatOffsets(offsets map[string]map[int32]int64) string {
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, ",")
-}
-
-// backoff is capped exponential with jitter in [d/2, d).
-func backoff(lo, hi time.Duration, attempt int) time.Duration {
-	d := lo
-	for i := 1; i < attempt && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

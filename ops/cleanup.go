@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/backoff"
 )
 
 // Cleanup defaults.
@@ -231,7 +232,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 		if scanned < int64(cfg.BatchSize) || reachedCutoff {
 			break
 		}
-		if !sleep(ctx, cfg.Pause) {
+		if !backoff.Sleep(ctx, cfg.Pause) {
 			res.Outbox.Duration = time.Since(start)
 			return res, ctx.Err()
 		}
@@ -262,7 +263,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 				break
 			}
 			from = *newest
-			if !sleep(ctx, cfg.Pause) {
+			if !backoff.Sleep(ctx, cfg.Pause) {
 				res.Processed.Duration = time.Since(start)
 				return res, ctx.Err()
 			}
@@ -282,15 +283,4 @@ func cleanupLockKey(t outbox.Tables) int32 {
 	h := fnv.New32a()
 	h.Write([]byte("outbox-ops:" + t.Schema + "." + t.Outbox))
 	return int32(h.Sum32())
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/migrate"
 )
@@ -258,9 +258,9 @@ func (r *Relayer) Run(ctx context.Context) error {
 			}
 			failures++
 			r.failedBatches.Add(1)
-			d := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+			d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 			r.log.Warn("relay batch failed; backing off", "err", err, "attempt", failures, "retry_in", d.Round(time.Millisecond))
-			if !sleep(ctx, d) {
+			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
 			continue
@@ -272,7 +272,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 		case res.Locked > 0 && res.Claimed == 0:
 			// Everything we could lock waits behind rows another relayer
 			// is publishing; it commits within a batch's time.
-			if !sleep(ctx, 5*time.Millisecond) {
+			if !backoff.Sleep(ctx, 5*time.Millisecond) {
 				return nil
 			}
 			continue
@@ -492,9 +492,9 @@ func (r *Relayer) listen(ctx context.Context) {
 			return
 		}
 		failures++
-		d := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 		r.log.Warn("relay listener lost its connection; polling until it is back", "err", err, "retry_in", d.Round(time.Millisecond))
-		if !sleep(ctx, d) {
+		if !backoff.Sleep(ctx, d) {
 			return
 		}
 	}
@@ -504,26 +504,5 @@ func (r *Relayer) notify() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
-	}
-}
-
-// backoff is capped exponential with jitter in [d/2, d).
-func backoff(lo, hi time.Duration, attempt int) time.Duration {
-	d := lo
-	for i := 1; i < attempt && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
