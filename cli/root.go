@@ -16,7 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/outbox"
 )
@@ -169,18 +168,4 @@ func redactErr(err error) string {
 		s = s[:i] + "password=***" + s[i+j:]
 	}
 	return s
-}
-
-// envDefault returns the environment variable, or def.
-func envDefault(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-// flagChanged reports whether the user set the flag explicitly.
-func flagChanged(fs *pflag.FlagSet, name string) bool {
-	f := fs.Lookup(name)
-	return f != nil && f.Changed
 }

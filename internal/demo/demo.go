@@ -471,7 +471,7 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, string, error) {
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, where, fmt.Errorf("Postgres at %s does not answer: %s", where, strings.Join(strings.Fields(err.Error()), " "))
+		return nil, where, fmt.Errorf("the Postgres server at %s does not answer: %s", where, strings.Join(strings.Fields(err.Error()), " "))
 	}
 	return pool, where, nil
 }
