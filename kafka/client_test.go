@@ -1,0 +1,84 @@
+package kafka_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox/kafka"
+)
+
+func ping(t *testing.T, cfg kafka.ClientConfig) error {
+	t.Helper()
+	opts, err := cfg.Options()
+	require.NoError(t, err)
+	cl, err := kgo.NewClient(opts...)
+	require.NoError(t, err)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return cl.Ping(ctx)
+}
+
+// The SASL flags reach a broker that requires them: each mechanism works
+// with the right password and fails with a wrong one.
+func TestSASLMechanismsAuthenticate(t *testing.T) {
+	t.Parallel()
+	for _, mech := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
+		t.Run(mech, func(t *testing.T) {
+			t.Parallel()
+			b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Opts: []kfake.Opt{
+				kfake.EnableSASL(), kfake.Superuser(mech, "relay", "s3cret"),
+			}})
+			require.NoError(t, err)
+			t.Cleanup(b.Close)
+			cfg := kafka.ClientConfig{Brokers: []string{b.Addr()}, SASLMechanism: mech, SASLUser: "relay", SASLPassword: "s3cret", DialTimeout: 2 * time.Second}
+			require.NoError(t, ping(t, cfg))
+
+			cfg.SASLPassword = "wrong"
+			err = ping(t, cfg)
+			require.Error(t, err)
+			require.NotContains(t, err.Error(), "wrong", "no secret in the error")
+		})
+	}
+}
+
+func TestClientConfigRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		cfg  kafka.ClientConfig
+		want string
+	}{
+		{kafka.ClientConfig{}, "no brokers"},
+		{kafka.ClientConfig{Brokers: []string{"localhost"}}, "has no port"},
+		{kafka.ClientConfig{Brokers: []string{"h:9092"}, SASLMechanism: "GSSAPI", SASLUser: "u"}, "not supported"},
+		{kafka.ClientConfig{Brokers: []string{"h:9092"}, SASLMechanism: "PLAIN"}, "needs a user"},
+		{kafka.ClientConfig{Brokers: []string{"h:9092"}, CAFile: "/nonexistent/ca.pem"}, "read TLS CA file"},
+		{kafka.ClientConfig{Brokers: []string{"h:9092"}, TLS: true, CertFile: "/x.pem"}, "needs both --tls-cert and --tls-key"},
+	}
+	for _, tc := range cases {
+		_, err := tc.cfg.Options()
+		require.ErrorContains(t, err, tc.want)
+	}
+}
+
+func TestDevBrokerRejectsBadAddresses(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]string{
+		"nohostport":   "host:port",
+		"0.0.0.0:9092": "concrete address",
+		"127.0.0.1:x":  "not a port number",
+	} {
+		_, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Listen: addr})
+		require.ErrorContains(t, err, want, addr)
+	}
+	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{})
+	require.NoError(t, err)
+	defer b.Close()
+	_, err = kafka.StartDevBroker(kafka.DevBrokerConfig{Listen: b.Addr()})
+	require.ErrorContains(t, err, "cannot listen")
+}
