@@ -186,19 +186,25 @@ func drainBare(ctx context.Context, s *session, e *env, n int64, stmt string, ar
 		if err != nil {
 			return d, err
 		}
-		var got int64
+		var got, seen int64
 		for rows.Next() {
-			if _, err := rows.Values(); err != nil {
+			seen++
+			vals, err := rows.Values()
+			if err != nil {
 				rows.Close()
 				return d, err
 			}
-			got++
+			// The relayer's claim answers one row of NULLs (with its
+			// locked count) when it claims nothing: not a claimed row.
+			if vals[0] != nil {
+				got++
+			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return d, err
 		}
-		if got == 0 {
+		if seen == 0 { // an UPDATE without RETURNING: count what it marked
 			got = rows.CommandTag().RowsAffected()
 		}
 		if got == 0 {
@@ -293,7 +299,11 @@ func drainBounded(ctx context.Context, s *session, e *env, n int64, stmt string)
 				rows.Close()
 				return d, err
 			}
-			if id, ok := vals[0].(int64); ok && (first < 0 || id < first) {
+			id, ok := vals[0].(int64)
+			if !ok {
+				continue // the claim's count-only row: nothing claimed
+			}
+			if first < 0 || id < first {
 				first = id
 			}
 			got++

@@ -409,21 +409,24 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx) ([]Message, int, error) 
 	msgs := make([]Message, 0, r.cfg.BatchSize)
 	var locked int64
 	for rows.Next() {
-		var m Message
-		if err := rows.Scan(&m.ID, &m.AggregateID, &m.Type, &m.Payload, &m.Headers, &m.CreatedAt, &locked); err != nil {
+		// Nullable: the one row that only carries the count has NULLs.
+		var (
+			m       Message
+			id      *int64
+			typ     *string
+			created *time.Time
+		)
+		if err := rows.Scan(&id, &m.AggregateID, &typ, &m.Payload, &m.Headers, &created, &locked); err != nil {
 			return nil, 0, fmt.Errorf("claim: scan: %w", err)
 		}
+		if id == nil {
+			continue
+		}
+		m.ID, m.Type, m.CreatedAt = *id, *typ, *created
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, 0, fmt.Errorf("claim: %w", err)
-	}
-	if len(msgs) == 0 {
-		// No row came back, so the locked count did not either; count
-		// what this claim could have locked.
-		if err := tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT 1 FROM "+r.cfg.Tables.OutboxIdent()+" WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[])) ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) c", r.cfg.BatchSize, r.heldIDs()).Scan(&locked); err != nil {
-			return nil, 0, fmt.Errorf("claim: %w", err)
-		}
 	}
 	slices.SortFunc(msgs, func(a, b Message) int {
 		switch {

@@ -30,7 +30,10 @@ import "strings"
 // Rows another relayer committed after this statement's snapshot still look
 // pending to gaps; that only makes the claim more conservative. The ids come
 // out of the candidates' lock, so ANY(ARRAY(...)) keeps the update on the
-// primary key.
+// primary key. The final LEFT JOIN always yields a row carrying how many
+// rows were locked, even when none was accepted (the row's other columns
+// are then NULL), so telling "nothing pending" from "everything waits
+// behind another relayer" costs no second statement.
 const claimSQL = `WITH candidates AS MATERIALIZED (
   SELECT id, aggregate_id FROM {{table}}
   WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))
@@ -53,10 +56,13 @@ const claimSQL = `WITH candidates AS MATERIALIZED (
 ), accepted AS (
   SELECT c.id FROM candidates c JOIN gaps g USING (aggregate_id)
   WHERE g.gap IS NULL OR c.id < g.gap
+), marked AS (
+  UPDATE {{table}} SET dispatched_at = now()
+  WHERE id = ANY(ARRAY(SELECT id FROM accepted))
+  RETURNING id, aggregate_id, type, payload, headers, created_at
 )
-UPDATE {{table}} SET dispatched_at = now()
-WHERE id = ANY(ARRAY(SELECT id FROM accepted))
-RETURNING id, aggregate_id, type, payload, headers, created_at, (SELECT count(*) FROM candidates)`
+SELECT m.id, m.aggregate_id, m.type, m.payload, m.headers, m.created_at, c.locked
+FROM (SELECT count(*) AS locked FROM candidates) c LEFT JOIN marked m ON true`
 
 // unmarkSQL returns rows the broker did not acknowledge to pending, inside
 // the claim's transaction (so, to other sessions, they never left it).
