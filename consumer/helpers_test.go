@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 )
@@ -157,28 +158,7 @@ func event(topic string, partition int32, id int64, typ, payload string, extra .
 // timeout.
 func (b *bundle) read(t *testing.T, topic string, want int, timeout time.Duration) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.broker.Addr()), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	require.NoError(t, err)
-	defer cl.Close()
-	var out []*kgo.Record
-	deadline := time.Now().Add(timeout)
-	for len(out) < want {
-		if time.Now().After(deadline) {
-			require.FailNowf(t, "not enough records", "got %d of %d records from %s within %s", len(out), want, topic, timeout)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
-	}
-	return out
+	return kafkatest.Read(t, b.broker.Addr(), timeout, kafkatest.AtLeast(want), topic)
 }
 
-func headers(r *kgo.Record) map[string]string {
-	h := map[string]string{}
-	for _, kv := range r.Headers {
-		h[kv.Key] = string(kv.Value)
-	}
-	return h
-}
+func headers(r *kgo.Record) map[string]string { return kafkatest.Headers(r) }

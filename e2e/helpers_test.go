@@ -21,9 +21,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 )
 
@@ -168,39 +168,15 @@ type delivered struct {
 	id        int64
 }
 
-// readTopic reads the whole topic from the start, until no record has
-// arrived for quiet and at least want records were read.
+// readTopic reads the whole topic from the start, until at least want
+// records were read and none has arrived for a second.
 func readTopic(t *testing.T, addr, topic string, want int, timeout time.Duration) []delivered {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
-	require.NoError(t, err)
-	defer cl.Close()
 	var out []delivered
-	deadline := time.Now().Add(timeout)
-	lastGrowth := time.Now()
-	for {
-		if len(out) >= want && time.Since(lastGrowth) > time.Second {
-			return out
-		}
-		require.False(t, time.Now().After(deadline), "read %d of at least %d records within %s", len(out), want, timeout)
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		before := len(out)
-		fs.EachRecord(func(r *kgo.Record) {
-			d := delivered{key: string(r.Key), partition: r.Partition}
-			for _, h := range r.Headers {
-				if h.Key == "event_id" {
-					d.id, _ = strconv.ParseInt(string(h.Value), 10, 64)
-				}
-			}
-			out = append(out, d)
-		})
-		if len(out) > before {
-			lastGrowth = time.Now()
-		}
+	for _, r := range kafkatest.Read(t, addr, timeout, kafkatest.AtLeastThenQuiet(want, time.Second), topic) {
+		out = append(out, delivered{key: string(r.Key), partition: r.Partition, id: kafkatest.EventID(r)})
 	}
+	return out
 }
 
 // verify checks no loss, no invention, per-aggregate order (first

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
@@ -124,32 +124,19 @@ func (b *bundle) count(t *testing.T, where string, args ...any) int64 {
 }
 
 // consumeIDs reads every record of topics until want distinct event ids
-// arrived, or fails after timeout.
+// arrived, or fails after timeout; it returns how often each id came.
 func (b *bundle) consumeIDs(t *testing.T, want int, timeout time.Duration, topics ...string) map[int64]int {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.broker.Addr()), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	require.NoError(t, err)
-	defer cl.Close()
-	seen := map[int64]int{}
-	deadline := time.Now().Add(timeout)
-	for len(seen) < want {
-		if time.Now().After(deadline) {
-			require.FailNowf(t, "not enough records", "got %d of %d distinct events within %s", len(seen), want, timeout)
+	distinct := func(rs []*kgo.Record) map[int64]int {
+		seen := map[int64]int{}
+		for _, r := range rs {
+			seen[kafkatest.EventID(r)]++
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		fs.EachRecord(func(r *kgo.Record) {
-			for _, h := range r.Headers {
-				if h.Key == kafka.HeaderEventID {
-					id, err := strconv.ParseInt(string(h.Value), 10, 64)
-					require.NoError(t, err)
-					seen[id]++
-				}
-			}
-		})
+		return seen
 	}
+	recs := kafkatest.Read(t, b.broker.Addr(), timeout, func(rs []*kgo.Record) bool { return len(distinct(rs)) >= want }, topics...)
+	seen := distinct(recs)
+	require.NotContains(t, seen, int64(0), "a record without a valid event_id header")
 	return seen
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
@@ -132,40 +133,16 @@ type record struct {
 }
 
 // consume reads every record of topics from the beginning until want
-// records arrived, or fails after timeout. Extra records arriving in a short
-// grace period after that are included, so duplicates are seen.
+// records arrived, or fails after timeout. Records arriving in a short quiet
+// period after that are included, so duplicates are seen.
 func (b *bundle) consume(t *testing.T, want int, timeout time.Duration, topics ...string) []record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(b.broker.Addr()), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
-	require.NoError(t, err)
-	defer cl.Close()
 	var out []record
-	deadline := time.Now().Add(timeout)
-	grace := time.Time{}
-	for {
-		now := time.Now()
-		if len(out) >= want && grace.IsZero() {
-			grace = now.Add(300 * time.Millisecond)
-		}
-		if !grace.IsZero() && now.After(grace) {
-			return out
-		}
-		if now.After(deadline) {
-			require.FailNowf(t, "not enough records", "got %d of %d records within %s", len(out), want, timeout)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		fs.EachRecord(func(r *kgo.Record) {
-			rec := record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value), Headers: map[string]string{}}
-			for _, h := range r.Headers {
-				rec.Headers[h.Key] = string(h.Value)
-			}
-			rec.EventID, _ = strconv.ParseInt(rec.Headers["event_id"], 10, 64)
-			out = append(out, rec)
-		})
+	for _, r := range kafkatest.Read(t, b.broker.Addr(), timeout, kafkatest.AtLeastThenQuiet(want, 300*time.Millisecond), topics...) {
+		out = append(out, record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value),
+			Headers: kafkatest.Headers(r), EventID: kafkatest.EventID(r)})
 	}
+	return out
 }
 
 // checkOrder asserts that each key lives in exactly one partition and that,

@@ -1,0 +1,79 @@
+// Package kafkatest reads back, in tests, what was published to a broker:
+// every record of some topics from their start, until the test has what it
+// waits for.
+package kafkatest
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Read polls topics on the broker at addr from their start and returns
+// every record read once done, called after each poll with all records so
+// far, returns true. It fails t when done has not returned true within
+// timeout. Records of one partition are in offset order.
+func Read(t testing.TB, addr string, timeout time.Duration, done func([]*kgo.Record) bool, topics ...string) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
+	require.NoError(t, err)
+	defer cl.Close()
+	var out []*kgo.Record
+	deadline := time.Now().Add(timeout)
+	for !done(out) {
+		if time.Now().After(deadline) {
+			require.FailNowf(t, "not enough records", "read %d records of %s within %s without getting what the test waits for",
+				len(out), strings.Join(topics, ","), timeout)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r) })
+	}
+	return out
+}
+
+// AtLeast is a done condition: n records or more.
+func AtLeast(n int) func([]*kgo.Record) bool {
+	return func(rs []*kgo.Record) bool { return len(rs) >= n }
+}
+
+// AtLeastThenQuiet is a done condition: n records or more, and then no new
+// record for quiet, so that late duplicates are read too.
+func AtLeastThenQuiet(n int, quiet time.Duration) func([]*kgo.Record) bool {
+	last, since := -1, time.Now()
+	return func(rs []*kgo.Record) bool {
+		if len(rs) != last {
+			last, since = len(rs), time.Now()
+		}
+		return len(rs) >= n && time.Since(since) >= quiet
+	}
+}
+
+// Headers returns a record's headers as a map (the last value of a
+// repeated key wins).
+func Headers(r *kgo.Record) map[string]string {
+	h := make(map[string]string, len(r.Headers))
+	for _, kv := range r.Headers {
+		h[kv.Key] = string(kv.Value)
+	}
+	return h
+}
+
+// EventID returns the record's event_id header, 0 when it is missing or
+// not a number.
+func EventID(r *kgo.Record) int64 {
+	for _, h := range r.Headers {
+		if h.Key == "event_id" {
+			id, _ := strconv.ParseInt(string(h.Value), 10, 64)
+			return id
+		}
+	}
+	return 0
+}
