@@ -91,8 +91,9 @@ func (r Report) Healthy() bool { return r.Lag.Stuck == 0 && !r.LagBreached }
 
 // stuckSQL is the seed's watchdog query with what an operator needs next:
 // the recorded error and the row an aggregate waits behind. It walks the
-// pending index in id order and stops at the limit; BlockedBy is one probe
-// of the (aggregate_id, id) WHERE dispatched_at IS NULL index per row.
+// pending index in id order and stops at the limit; BlockedBy walks the same
+// index from its start to the aggregate's first pending row, which is no
+// later than the stuck row itself (a short walk: stuck rows are old).
 // $1 StuckAfter in microseconds, $2 limit.
 const stuckSQL = `SELECT o.id, o.aggregate_id, o.type, o.created_at,
   extract(epoch FROM now() - o.created_at)::float8,

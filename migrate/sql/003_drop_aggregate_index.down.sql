@@ -1,0 +1,1 @@
+CREATE INDEX IF NOT EXISTS {{.AggregateIdx}} ON {{.Outbox}} (aggregate_id, id) WHERE dispatched_at IS NULL;
