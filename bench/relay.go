@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/pgoutbox/outbox/relay"
@@ -65,14 +64,7 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 		{key: "bare_returning", name: "bare SQL + RETURNING the rows (1 client)", run: bare(fmt.Sprintf(bareReturningSQL, table))},
 		// The relayer's own statement, ordering rule included, run the
 		// same way: the database's share of the relay's cost.
-		{key: "claim_statement", name: "relay's claim statement alone (1 client, autocommit)", run: bare(claimSQL, 1000, []string{})},
-		// Proposal: start the candidates scan at the first id of the
-		// previous batch instead of at the start of the pending index,
-		// which during a large drain holds a growing prefix of entries of
-		// rows already dispatched (dead until VACUUM).
-		{key: "bounded_statement", name: "proposal: claim from the previous batch's first id, alone (1 client)", run: func() (drainResult, error) {
-			return drainBounded(ctx, s, e, n, boundedClaimSQL(claimSQL))
-		}},
+		{key: "claim_statement", name: "relay's claim statement alone (1 client, autocommit)", run: bare(claimSQL, 1000, []string{}, []int64{})},
 		{key: "null_publisher", name: "outbox relay, 1 relayer, publisher that acks at once", run: func() (drainResult, error) { return drainNull(ctx, s, e, n) }},
 		{key: "relayers_1", name: "outbox relay, 1 relayer", relay: true, run: relayers(1, aggs, nil)},
 		{key: "relayers_2", name: "outbox relay, 2 relayers", relay: true, run: relayers(2, aggs, nil)},
@@ -253,79 +245,6 @@ func drainNull(ctx context.Context, s *session, e *env, n int64) (drainResult, e
 	d := drainResult{events: g.dispatched.Load(), elapsed: elapsed, batches: g.batches.Load()}
 	if pending, err := e.pending(ctx); err != nil || pending != 0 || d.events != n {
 		return d, fmt.Errorf("dispatched %d of %d events, %d still pending (err %v)", d.events, n, pending, err)
-	}
-	return d, nil
-}
-
-// boundedClaimSQL adds a lower bound ($3) on the id to the relayer's
-// candidates scan. Rows below the bound that are still pending (locked by
-// another relayer, or committed late with a smaller id) are not lost: the
-// gap lookups are not bounded, so later rows of their aggregate still wait
-// for them, and a relayer would drop the bound every so often (each poll,
-// say) to pick them up.
-func boundedClaimSQL(claimSQL string) string {
-	return strings.Replace(claimSQL, "WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))",
-		"WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[])) AND id >= $3", 1)
-}
-
-// drainBounded drains with stmt, passing the first id of the previous
-// batch as $3.
-func drainBounded(ctx context.Context, s *session, e *env, n int64, stmt string) (drainResult, error) {
-	if !strings.Contains(stmt, "$3") {
-		return drainResult{}, errors.New("the relayer's claim statement changed shape; the bounded variant no longer applies")
-	}
-	if err := e.reset(ctx, int(n), s.cfg.Aggregates); err != nil {
-		return drainResult{}, err
-	}
-	s.progress("relay: bounded claim statement draining %d events", n)
-	conn, err := e.pool.Acquire(ctx)
-	if err != nil {
-		return drainResult{}, err
-	}
-	defer conn.Release()
-	var d drainResult
-	var from int64
-	start := time.Now()
-	for {
-		rows, err := conn.Query(ctx, stmt, 1000, []string{}, from)
-		if err != nil {
-			return d, err
-		}
-		var got int64
-		first := int64(-1)
-		for rows.Next() {
-			vals, err := rows.Values()
-			if err != nil {
-				rows.Close()
-				return d, err
-			}
-			id, ok := vals[0].(int64)
-			if !ok {
-				continue // the claim's count-only row: nothing claimed
-			}
-			if first < 0 || id < first {
-				first = id
-			}
-			got++
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return d, err
-		}
-		if got == 0 {
-			if from == 0 {
-				break
-			}
-			from = 0 // one unbounded pass before concluding the table is drained
-			continue
-		}
-		from = first
-		d.events += got
-		d.batches++
-	}
-	d.elapsed = time.Since(start)
-	if pending, err := e.pending(ctx); err != nil || pending != 0 || d.events != n {
-		return d, fmt.Errorf("marked %d of %d events, %d still pending (err %v)", d.events, n, pending, err)
 	}
 	return d, nil
 }

@@ -42,16 +42,20 @@ func benchPreload(b *testing.B, db *pgtest.DB, n int) {
 
 // benchDrain preloads b.N full batches and times one relayer draining
 // them: ns/op is one batch of 1,000 (claim, publish, mark, commit).
-func benchDrain(b *testing.B, pub func(b *testing.B) relay.Publisher) {
+func benchDrain(b *testing.B, pub func(b *testing.B) relay.Publisher, mod func(*relay.Config)) {
 	const batch = 1000
 	db := pgtest.New(b, pgtest.Options{MaxConns: 4})
 	benchPreload(b, db, b.N*batch)
 	var dispatched atomic.Int64
-	r, err := relay.New(relay.Config{
+	cfg := relay.Config{
 		Pool: db.Pool, Publisher: pub(b), Tables: db.Tables, BatchSize: batch,
 		Logger:  slog.New(slog.DiscardHandler),
 		OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := relay.New(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -78,7 +82,7 @@ func benchDrain(b *testing.B, pub func(b *testing.B) relay.Publisher) {
 // one-statement claim-and-mark with the per-aggregate order rule, and the
 // commit, against a publisher that acknowledges at once.
 func BenchmarkClaim(b *testing.B) {
-	benchDrain(b, func(*testing.B) relay.Publisher { return ackAll{} })
+	benchDrain(b, func(*testing.B) relay.Publisher { return ackAll{} }, nil)
 }
 
 // BenchmarkRelayBatch is a whole batch of 1,000 to an in-process kfake
@@ -87,17 +91,48 @@ func BenchmarkClaim(b *testing.B) {
 //
 //	go test -run '^$' -bench RelayBatch -cpuprofile cpu.out ./relay/
 func BenchmarkRelayBatch(b *testing.B) {
-	benchDrain(b, func(b *testing.B) relay.Publisher {
-		broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(broker.Close)
-		client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(10 * time.Second)}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(client.Close)
-		return kafka.NewPublisher(client, kafka.PublisherConfig{})
-	})
+	benchDrain(b, devBroker, nil)
+}
+
+// BenchmarkRelayBatchRemoteBroker adds 5 ms to every publish, as a broker
+// across a network with replicated acknowledgements (acks=all) takes, and
+// compares the default (the next batch is claimed while one is published)
+// with one batch at a time.
+func BenchmarkRelayBatchRemoteBroker(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		serial bool
+	}{{"pipelined", false}, {"serial", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			benchDrain(b, func(b *testing.B) relay.Publisher {
+				return slowPublisher{inner: devBroker(b), delay: 5 * time.Millisecond}
+			}, func(c *relay.Config) { c.DisablePipelining = tc.serial })
+		})
+	}
+}
+
+type slowPublisher struct {
+	inner relay.Publisher
+	delay time.Duration
+}
+
+func (p slowPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
+	time.Sleep(p.delay)
+	return p.inner.Publish(ctx, msgs)
+}
+
+// devBroker starts a kfake broker for the benchmark and returns a
+// publisher to it.
+func devBroker(b *testing.B) relay.Publisher {
+	broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(broker.Close)
+	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(10 * time.Second)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(client.Close)
+	return kafka.NewPublisher(client, kafka.PublisherConfig{})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -92,8 +93,10 @@ func TestCrashBetweenPublishAndMark(t *testing.T) {
 	defer crash1()
 	pub := &crashingPublisher{crashOn: 3, crash: func() {
 		// The relayer's transaction is open, idle between publish and
-		// commit: kill it, then stop the "process".
-		require.Equal(t, 1, b.terminate(t, app, "state = 'idle in transaction'"), "one open relay transaction")
+		// commit: kill it (and the next batch's, claimed meanwhile, if its
+		// claim is done), then stop the "process".
+		killed := b.terminate(t, app, "state = 'idle in transaction'")
+		assert.True(t, killed == 1 || killed == 2, "%d open relay transactions; want the publishing batch's and perhaps the next one's", killed)
 		crash1()
 	}}
 	r1 := b.relayer(t, func(c *relay.Config) {

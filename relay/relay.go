@@ -65,13 +65,20 @@ type Config struct {
 	// after its context is cancelled; past it the batch is abandoned and
 	// rolled back. Defaults to 30s.
 	ShutdownTimeout time.Duration
+	// DisablePipelining makes the relayer claim its next batch only after
+	// the previous one committed. By default, while a full batch is being
+	// published, the next one is claimed on a second connection (so Pool
+	// needs two), and it is published only once the first was acknowledged
+	// and committed in full; otherwise it is rolled back unpublished.
+	// Defaults to false.
+	DisablePipelining bool
 	// SkipSchemaCheck skips the check, when Run starts, that the table's
 	// schema is at the version this binary expects. Defaults to false.
 	SkipSchemaCheck bool
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// OnBatch, if set, is called after every batch that claimed rows, from
-	// the relayer's goroutine. Keep it fast.
+	// OnBatch, if set, is called after every batch that claimed rows, one
+	// batch at a time, in order. Keep it fast.
 	OnBatch func(BatchResult)
 }
 
@@ -249,9 +256,25 @@ func (r *Relayer) Run(ctx context.Context) error {
 
 	r.log.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval, "poll_only", r.cfg.PollOnly)
 	defer r.log.Info("relay stopped")
+	// next is a batch claimed while the previous one was being published.
+	var next *claimed
+	defer func() {
+		if next != nil {
+			next.abandon(batchCtx)
+		}
+	}()
 	failures := 0
 	for ctx.Err() == nil {
-		res, err := r.batch(batchCtx)
+		cur := next
+		next = nil
+		var err error
+		if cur == nil {
+			cur, err = r.claimBatch(batchCtx, nil)
+		}
+		var res BatchResult
+		if err == nil {
+			res, next, err = r.relay(ctx, batchCtx, cur)
+		}
 		if err != nil {
 			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 				return nil
@@ -267,7 +290,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 		}
 		failures = 0
 		switch {
-		case res.Locked >= r.cfg.BatchSize && res.Claimed > 0:
+		case next != nil, res.Locked >= r.cfg.BatchSize && res.Claimed > 0:
 			continue // more waiting: loop at once
 		case res.Locked > 0 && res.Claimed == 0:
 			// Everything we could lock waits behind rows another relayer
@@ -290,21 +313,79 @@ func (r *Relayer) Run(ctx context.Context) error {
 	return nil
 }
 
-// batch runs one claim-publish-mark transaction.
-func (r *Relayer) batch(ctx context.Context) (BatchResult, error) {
+// claimed is a batch claimed and marked in its still open transaction.
+type claimed struct {
+	tx     pgx.Tx
+	msgs   []Message
+	locked int
+	start  time.Time
+}
+
+// abandon rolls the batch back: its rows return to pending, unpublished.
+func (c *claimed) abandon(ctx context.Context) {
+	c.tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the rows stay pending either way
+}
+
+// claimBatch opens a transaction and claims a batch in it. ahead are the
+// rows of the batch this relayer is still publishing, which this one
+// follows.
+func (r *Relayer) claimBatch(ctx context.Context, ahead []int64) (*claimed, error) {
 	start := time.Now()
-	var res BatchResult
 	tx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return res, fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-
-	msgs, locked, err := r.claim(ctx, tx)
+	msgs, locked, err := r.claim(ctx, tx, ahead)
 	if err != nil {
-		return res, err
+		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the claim's error
+		return nil, err
 	}
-	res.Locked, res.Claimed = locked, len(msgs)
+	return &claimed{tx: tx, msgs: msgs, locked: locked, start: start}, nil
+}
+
+// relay publishes and commits cur. When cur is a full batch, so more rows
+// are waiting, it claims the next batch meanwhile and returns it, unless
+// cur did not go through in full: the next batch may hold later rows of an
+// aggregate whose row in cur failed, so it is rolled back unpublished. It
+// is not claimed once ctx (Run's) is cancelled.
+func (r *Relayer) relay(ctx, batchCtx context.Context, cur *claimed) (BatchResult, *claimed, error) {
+	if r.cfg.DisablePipelining || len(cur.msgs) == 0 || cur.locked < r.cfg.BatchSize || ctx.Err() != nil {
+		res, err := r.finish(batchCtx, cur)
+		return res, nil, err
+	}
+	type outcome struct {
+		res BatchResult
+		err error
+	}
+	ahead := make([]int64, len(cur.msgs))
+	for i, m := range cur.msgs {
+		ahead[i] = m.ID
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := r.finish(batchCtx, cur)
+		done <- outcome{res, err}
+	}()
+	next, nerr := r.claimBatch(batchCtx, ahead)
+	out := <-done
+	if out.err != nil || out.res.Dispatched != out.res.Claimed {
+		if next != nil {
+			next.abandon(batchCtx)
+		}
+		return out.res, nil, out.err
+	}
+	if nerr != nil {
+		return out.res, nil, nerr
+	}
+	return out.res, next, nil
+}
+
+// finish publishes a claimed batch, returns the rows the broker did not
+// acknowledge to pending and commits.
+func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
+	tx, msgs := c.tx, c.msgs
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	res := BatchResult{Locked: c.locked, Claimed: len(msgs)}
 	if len(msgs) == 0 {
 		return res, tx.Commit(ctx)
 	}
@@ -383,7 +464,7 @@ func (r *Relayer) batch(ctx context.Context) (BatchResult, error) {
 		// published again. At-least-once.
 		return res, fmt.Errorf("commit after publishing %d rows (they will be sent again): %w", res.Dispatched, err)
 	}
-	res.Duration = time.Since(start)
+	res.Duration = time.Since(c.start)
 	r.batches.Add(1)
 	r.claimed.Add(int64(res.Claimed))
 	r.dispatched.Add(int64(res.Dispatched))
@@ -400,8 +481,11 @@ func (r *Relayer) batch(ctx context.Context) (BatchResult, error) {
 
 var errDeferred = errors.New("deferred behind an earlier failed row of its aggregate")
 
-func (r *Relayer) claim(ctx context.Context, tx pgx.Tx) ([]Message, int, error) {
-	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize, r.heldIDs())
+func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, ahead []int64) ([]Message, int, error) {
+	if ahead == nil {
+		ahead = []int64{}
+	}
+	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize, r.heldIDs(), ahead)
 	if err != nil {
 		return nil, 0, fmt.Errorf("claim: %w", err)
 	}

@@ -5,7 +5,9 @@ import "strings"
 // claimSQL claims and marks one batch in a single statement; the caller
 // resets the rows the broker did not acknowledge before it commits, so
 // nothing is dispatched that was not acknowledged. Parameters: $1 batch
-// size, $2 aggregates held out after a permanent failure.
+// size, $2 aggregates held out after a permanent failure, $3 the rows this
+// relayer is publishing in its previous batch, still open (pipelining):
+// they come first, so they are not gaps.
 //
 //   - candidates: the first $1 pending rows in id order that no other relayer
 //     has locked, served by the pending index (id) WHERE dispatched_at IS
@@ -51,6 +53,7 @@ const claimSQL = `WITH candidates AS MATERIALIZED (
 ), seen AS (
   SELECT id, aggregate_id FROM {{table}}
   WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))
+    AND NOT (id = ANY($3::bigint[]))
     AND id >= (
       SELECT id FROM {{table}}
       WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))
