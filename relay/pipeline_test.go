@@ -3,17 +3,21 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/relay"
 )
 
 // stallingPublisher holds its first Publish until the relayer has claimed
-// the next batch beside it (two open transactions of the relayer's pool),
+// the next batch beside it (a second claim statement completed),
 // then fails one row of it; it logs the ids of every Publish call.
 type stallingPublisher struct {
 	inner   relay.Publisher
@@ -51,6 +55,24 @@ func (p *stallingPublisher) Publish(ctx context.Context, msgs []relay.Message) [
 	return errs
 }
 
+// claimCounter counts the claim statements a pool completed.
+type claimCounter struct{ done atomic.Int64 }
+
+type claimKey struct{}
+
+func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "SKIP LOCKED") {
+		return context.WithValue(ctx, claimKey{}, true)
+	}
+	return ctx
+}
+
+func (c *claimCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryEndData) {
+	if ctx.Value(claimKey{}) != nil && data.Err == nil {
+		c.done.Add(1)
+	}
+}
+
 // While a full batch is being published the relayer claims the next one;
 // when a row of the first batch is not acknowledged (a transient error) or
 // refused for good (a permanent one), the next batch, which holds later rows
@@ -70,13 +92,14 @@ func TestPipelinedBatchIsDroppedWhenThePreviousOneFails(t *testing.T) {
 			const events, batch, failAt = 3_000, 1_000, 500
 			b := setup(t)
 			b.preload(t, events, 1, "order.placed") // one aggregate: every batch follows the previous one
-			pool, app := b.appPool(t, 4)
-			pub := &stallingPublisher{failAt: failAt, fail: tc.err, claimed: func() bool {
-				var n int
-				err := b.db.Pool.QueryRow(context.Background(),
-					"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction'", app).Scan(&n)
-				return err == nil && n == 2
-			}}
+			claims := &claimCounter{}
+			cfg, err := pgxpool.ParseConfig(b.db.URL)
+			require.NoError(t, err)
+			cfg.ConnConfig.Tracer = claims
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			pub := &stallingPublisher{failAt: failAt, fail: tc.err, claimed: func() bool { return claims.done.Load() >= 2 }}
 			r := b.relayer(t, func(c *relay.Config) {
 				c.Pool = pool
 				c.BatchSize = batch
