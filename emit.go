@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -45,20 +47,38 @@ type Config struct {
 	// Defaults to DefaultLockBuckets.
 	LockBuckets int
 	// DisableNotify stops Emit from sending a NOTIFY that wakes idle
-	// relayers at commit. NOTIFY serialises notifying commits on a global
-	// lock; with it off, relayers find new rows at their poll interval.
-	// Defaults to false (notify on).
+	// relayers at commit. With it off, relayers find new rows at their poll
+	// interval. Defaults to false (notify on).
 	DisableNotify bool
+	// NotifyInterval is the least time between two NOTIFYs of this
+	// Producer; an Emit within it of the last one that notified does not
+	// notify. Postgres serialises notifying commits on one database-wide
+	// lock held until their commit record is flushed, so a NOTIFY per
+	// transaction halves a busy producer's commit rate (BENCHMARKS.md).
+	// The relayer a NOTIFY woke keeps polling quickly while it finds rows
+	// (relay.Config.BusyPollInterval), which picks up the events that did
+	// not notify. One that commits long after its Emit, when no other event
+	// follows, can wait for the relayer's poll interval. Defaults to 10ms;
+	// a negative value notifies on every Emit.
+	NotifyInterval time.Duration
 }
+
+// DefaultNotifyInterval is Config.NotifyInterval's default.
+const DefaultNotifyInterval = 10 * time.Millisecond
 
 // Producer writes events into the outbox inside the caller's transaction.
 // It is safe for concurrent use. The package-level Emit functions use a
 // Producer with the default Config.
 type Producer struct {
-	cfg       Config
-	insertSQL string
-	lockNS    int32
-	channel   string
+	cfg     Config
+	lockNS  int32
+	channel string
+	// The statements, indexed by whether they notify: one for a single
+	// event, one for a batch.
+	oneSQL, batchSQL [2]string
+
+	epoch      time.Time
+	lastNotify atomic.Int64 // nanoseconds since epoch, 0 before the first
 }
 
 // NewProducer validates cfg, applies its defaults and prepares the insert
@@ -85,13 +105,37 @@ func NewProducer(cfg Config) (*Producer, error) {
 			return nil, fmt.Errorf("outbox: TopicPrefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
 		}
 	}
+	switch {
+	case cfg.NotifyInterval == 0:
+		cfg.NotifyInterval = DefaultNotifyInterval
+	case cfg.NotifyInterval < 0:
+		cfg.NotifyInterval = 0
+	}
 	p := &Producer{
 		cfg:     cfg,
 		lockNS:  cfg.Tables.LockNamespace(),
 		channel: cfg.Tables.Channel(),
+		epoch:   time.Now(),
 	}
-	p.insertSQL = buildInsertSQL(cfg.Tables.OutboxIdent(), !cfg.DisableNotify)
+	for i, notify := range []bool{false, true} {
+		p.oneSQL[i] = buildInsertOneSQL(cfg.Tables.OutboxIdent(), !cfg.DisableAggregateLock, notify)
+		p.batchSQL[i] = buildInsertSQL(cfg.Tables.OutboxIdent(), notify)
+	}
 	return p, nil
+}
+
+// notify reports whether this Emit sends the NOTIFY: the first one after
+// NotifyInterval does.
+func (p *Producer) notify() bool {
+	if p.cfg.DisableNotify {
+		return false
+	}
+	now := max(int64(time.Since(p.epoch)), 1)
+	last := p.lastNotify.Load()
+	if last != 0 && now-last < int64(p.cfg.NotifyInterval) {
+		return false
+	}
+	return p.lastNotify.CompareAndSwap(last, now) // lost: another Emit just took it
 }
 
 // Config returns the producer's configuration with defaults applied.
@@ -112,7 +156,8 @@ func (p *Producer) Config() Config { return p.cfg }
 //
 // Parameters are arrays, which keeps the statement text fixed (one prepared
 // statement whatever the batch size) and works through database/sql drivers
-// that only send text.
+// that only send text. A single event takes buildInsertOneSQL's statement:
+// the same steps without the arrays, a fifth cheaper to run.
 func buildInsertSQL(table string, notify bool) string {
 	var b strings.Builder
 	b.WriteString(`WITH locked AS MATERIALIZED (
@@ -134,6 +179,32 @@ WHERE (SELECT count(*) FROM locked) >= 0`)
 	return b.String()
 }
 
+// buildInsertOneSQL is buildInsertSQL for one event. Parameters: $1
+// aggregate, $2 type, $3 payload, $4 headers ("" for none), then the lock's
+// namespace and key, then the notification channel, each when used.
+func buildInsertOneSQL(table string, lock, notify bool) string {
+	var pre []string
+	n := 4
+	if lock {
+		pre = append(pre, fmt.Sprintf("pg_advisory_xact_lock($%d::int4, $%d::int4)", n+1, n+2))
+		n += 2
+	}
+	if notify {
+		pre = append(pre, fmt.Sprintf("pg_notify($%d::text, '')", n+1))
+	}
+	var b strings.Builder
+	if len(pre) > 0 {
+		b.WriteString("WITH pre AS MATERIALIZED (SELECT " + strings.Join(pre, ", ") + ")\n")
+	}
+	b.WriteString("INSERT INTO " + table + ` (aggregate_id, type, payload, headers)
+SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb`)
+	if len(pre) > 0 {
+		b.WriteString(" FROM pre")
+	}
+	b.WriteString("\nRETURNING id")
+	return b.String()
+}
+
 // Querier is what Emit needs from a pgx transaction. pgx.Tx satisfies it.
 // Emit is only atomic with your business writes when this is the
 // transaction that makes them.
@@ -150,35 +221,108 @@ type SQLQuerier interface {
 // Emit writes one event into the outbox within tx and returns its id (the
 // event_id header consumers will see). The event exists iff tx commits.
 func (p *Producer) Emit(ctx context.Context, tx Querier, ev Event) (int64, error) {
-	ids, err := p.EmitBatch(ctx, tx, []Event{ev})
+	sql, args, err := p.prepareOne(ev)
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return 0, p.insertErr(err)
+	}
+	id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if err != nil {
+		return 0, p.insertErr(err)
+	}
+	return id, nil
+}
+
+// Queued is an event QueueEmit put on a pgx.Batch.
+type Queued struct {
+	// ID is the event's id, set when the batch's results are read
+	// (BatchResults.Close, or reading up to this query).
+	ID int64
+}
+
+// QueueEmit is Emit without a round trip of its own: it queues the insert
+// on batch, to go to the database with the statements queued beside it
+// (tx.SendBatch(ctx, batch) in the transaction that makes your business
+// writes). The event exists iff that transaction commits. An invalid event
+// returns its error here and queues nothing.
+//
+//	batch := &pgx.Batch{}
+//	batch.Queue("INSERT INTO orders (id, customer) VALUES ($1, $2)", id, customer)
+//	ev, err := producer.QueueEmit(batch, outbox.Event{AggregateID: id, Type: "order.placed", Payload: order})
+//	err = tx.SendBatch(ctx, batch).Close() // ev.ID is set
+func (p *Producer) QueueEmit(batch *pgx.Batch, ev Event) (*Queued, error) {
+	sql, args, err := p.prepareOne(ev)
+	if err != nil {
+		return nil, err
+	}
+	q := &Queued{}
+	batch.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(&q.ID); err != nil {
+			return p.insertErr(err)
+		}
+		return nil
+	})
+	return q, nil
+}
+
+func (p *Producer) insertErr(err error) error {
+	return fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+}
+
+// prepareOne validates ev and picks the single-event statement and its
+// arguments (all text or scalar: they bind through database/sql too).
+func (p *Producer) prepareOne(ev Event) (string, []any, error) {
+	payload, hdr, err := p.validate(ev)
+	if err != nil {
+		return "", nil, err
+	}
+	args := []any{ev.AggregateID.String(), ev.Type, string(payload), hdr}
+	if !p.cfg.DisableAggregateLock {
+		args = append(args, p.lockNS, p.lockKey(ev.AggregateID))
+	}
+	notify := p.notify()
+	if notify {
+		args = append(args, p.channel)
+	}
+	return p.oneSQL[b2i(notify)], args, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // EmitBatch writes events into the outbox within tx in one round trip and
 // returns their ids, in input order. Every event is validated first: on a
 // validation error nothing is sent and tx is untouched.
 func (p *Producer) EmitBatch(ctx context.Context, tx Querier, events []Event) ([]int64, error) {
-	args, err := p.prepare(events, false)
+	sql, args, err := p.prepare(events, false)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, p.insertSQL, args...)
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+		return nil, p.insertErr(err)
 	}
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+		return nil, p.insertErr(err)
 	}
 	return p.orderIDs(ids, len(events))
 }
 
 // EmitSQL is Emit for a database/sql transaction (any Postgres driver).
 func (p *Producer) EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64, error) {
-	ids, err := p.EmitBatchSQL(ctx, tx, []Event{ev})
+	sql, args, err := p.prepareOne(ev)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := p.collectSQL(ctx, tx, sql, args, 1)
 	if err != nil {
 		return 0, err
 	}
@@ -187,27 +331,39 @@ func (p *Producer) EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64,
 
 // EmitBatchSQL is EmitBatch for a database/sql transaction.
 func (p *Producer) EmitBatchSQL(ctx context.Context, tx SQLQuerier, events []Event) ([]int64, error) {
-	args, err := p.prepare(events, true)
+	sql, args, err := p.prepare(events, true)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := tx.QueryContext(ctx, p.insertSQL, args...)
+	ids, err := p.collectSQL(ctx, tx, sql, args, len(events))
 	if err != nil {
-		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+		return nil, err
+	}
+	return p.orderIDs(ids, len(events))
+}
+
+// collectSQL runs an insert through database/sql and reads its ids.
+func (p *Producer) collectSQL(ctx context.Context, tx SQLQuerier, sql string, args []any, n int) ([]int64, error) {
+	rows, err := tx.QueryContext(ctx, sql, args...)
+	if err != nil {
+		return nil, p.insertErr(err)
 	}
 	defer rows.Close()
-	ids := make([]int64, 0, len(events))
+	ids := make([]int64, 0, n)
 	for rows.Next() {
 		var id int64
 		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+			return nil, p.insertErr(err)
 		}
 		ids = append(ids, id)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
+		return nil, p.insertErr(err)
 	}
-	return p.orderIDs(ids, len(events))
+	if len(ids) != n {
+		return nil, fmt.Errorf("outbox: insert into %s returned %d ids for %d events", p.cfg.Tables.OutboxIdent(), len(ids), n)
+	}
+	return ids, nil
 }
 
 // orderIDs maps RETURNING's ids back to input order. Ids were drawn in input
@@ -223,9 +379,9 @@ func (p *Producer) orderIDs(ids []int64, n int) ([]int64, error) {
 // prepare validates events and builds the statement's arguments. With text
 // set, arrays are passed as Postgres array literals (for database/sql
 // drivers that cannot bind Go slices).
-func (p *Producer) prepare(events []Event, text bool) ([]any, error) {
+func (p *Producer) prepare(events []Event, text bool) (string, []any, error) {
 	if len(events) == 0 {
-		return nil, ErrEmptyBatch
+		return "", nil, ErrEmptyBatch
 	}
 	aggs := make([]string, len(events))
 	types := make([]string, len(events))
@@ -236,9 +392,9 @@ func (p *Producer) prepare(events []Event, text bool) ([]any, error) {
 		payload, hdr, err := p.validate(ev)
 		if err != nil {
 			if len(events) > 1 {
-				return nil, fmt.Errorf("event %d of %d: %w", i, len(events), err)
+				return "", nil, fmt.Errorf("event %d of %d: %w", i, len(events), err)
 			}
-			return nil, err
+			return "", nil, err
 		}
 		aggs[i] = ev.AggregateID.String()
 		types[i] = ev.Type
@@ -253,18 +409,15 @@ func (p *Producer) prepare(events []Event, text bool) ([]any, error) {
 	if keys == nil {
 		keys = []int32{}
 	}
-	if !text {
-		args := []any{p.lockNS, keys, aggs, types, payloads, headers}
-		if !p.cfg.DisableNotify {
-			args = append(args, p.channel)
-		}
-		return args, nil
+	args := []any{p.lockNS, keys, aggs, types, payloads, headers}
+	if text {
+		args = []any{p.lockNS, int32ArrayLiteral(keys), textArrayLiteral(aggs), textArrayLiteral(types), textArrayLiteral(payloads), textArrayLiteral(headers)}
 	}
-	args := []any{p.lockNS, int32ArrayLiteral(keys), textArrayLiteral(aggs), textArrayLiteral(types), textArrayLiteral(payloads), textArrayLiteral(headers)}
-	if !p.cfg.DisableNotify {
+	notify := p.notify()
+	if notify {
 		args = append(args, p.channel)
 	}
-	return args, nil
+	return p.batchSQL[b2i(notify)], args, nil
 }
 
 func (p *Producer) lockKey(id uuid.UUID) int32 {
@@ -397,6 +550,12 @@ var defaultProducer = func() *Producer {
 // Config. See Producer.Emit.
 func Emit(ctx context.Context, tx Querier, ev Event) (int64, error) {
 	return defaultProducer.Emit(ctx, tx, ev)
+}
+
+// QueueEmit queues ev's insert into public.events_outbox on batch, with
+// the default Config. See Producer.QueueEmit.
+func QueueEmit(batch *pgx.Batch, ev Event) (*Queued, error) {
+	return defaultProducer.QueueEmit(batch, ev)
 }
 
 // EmitBatch writes events into public.events_outbox within tx, with the

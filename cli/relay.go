@@ -31,8 +31,12 @@ content-type and the row's own), and marks dispatched only what the broker
 acknowledged. Events of one aggregate keep their commit order, whatever the
 number of replicas. Delivery is at-least-once.
 
-It wakes on LISTEN/NOTIFY, or every --poll-interval (--poll-only behind a
-pooler in transaction mode). SIGINT/SIGTERM finish the batch in flight and
+It wakes on LISTEN/NOTIFY (a producer sends at most one per 10 ms), or
+every --poll-interval (--poll-only behind a pooler in transaction mode);
+after a batch that found rows it claims again within --busy-poll-interval,
+which picks up the events committed between two notifications. While a
+full batch is being published the next one is claimed on a second
+connection. SIGINT/SIGTERM finish the batch in flight and
 exit 0. Database and broker outages are retried with backoff.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
@@ -100,7 +104,9 @@ exit 0. Database and broker outages are retried with backoff.`,
 	f.StringVar(&cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
 	f.IntVar(&cfg.BatchSize, "batch-size", 1000, "rows per claim")
 	f.DurationVar(&cfg.PollInterval, "poll-interval", time.Second, "how often an idle relayer looks for rows without a notification")
+	f.DurationVar(&cfg.BusyPollInterval, "busy-poll-interval", 2*time.Millisecond, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
+	f.BoolVar(&cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
 	f.IntVar(&cfg.MaxPayloadBytes, "max-payload-bytes", outbox.DefaultMaxPayloadBytes, "rows with larger payloads are held out, not sent")
 	f.DurationVar(&cfg.HoldOut, "hold-out", time.Minute, "how long an aggregate whose event the broker rejected is skipped before a retry")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long the batch in flight may take to finish after SIGTERM")

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -277,4 +278,42 @@ func TestRelayerRidesOutTerminatedConnections(t *testing.T) {
 	dups := checkDelivered(t, committed, recs)
 	s := r.Stats()
 	t.Logf("%d kills (%d backends); %d batches, %d failed; %d records, %d duplicates", kills, killed, s.Batches, s.FailedBatches, len(recs), dups)
+}
+
+// After a batch that found rows the relayer keeps claiming for a while
+// (BusyPollInterval, doubling): an event that sent no NOTIFY, committed
+// just after, is relayed without waiting for the poll interval; with busy
+// polling off it waits for the poll.
+func TestBusyPollingFindsEventsThatDidNotNotify(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		busy  time.Duration
+		found bool
+	}{{"default", 0, true}, {"off", -1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			r := b.relayer(t, func(c *relay.Config) {
+				c.PollInterval = time.Minute
+				c.BusyPollInterval = tc.busy
+			})
+			run(t, r)
+			quiet, err := outbox.NewProducer(outbox.Config{Tables: b.db.Tables, DisableNotify: true})
+			require.NoError(t, err)
+
+			b.emit(t, uuid.New(), "order.placed", 1) // notifies: wakes the relayer
+			b.waitDrained(t, 10*time.Second)
+			require.NoError(t, pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
+				_, err := quiet.Emit(context.Background(), tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 2})
+				return err
+			}))
+			if tc.found {
+				b.waitDrained(t, 10*time.Second)
+				return
+			}
+			time.Sleep(2 * time.Second)
+			require.Equal(t, 1, b.pending(t), "with busy polling off, an event without NOTIFY waits for the poll interval")
+		})
+	}
 }

@@ -45,6 +45,14 @@ type Config struct {
 	// PollInterval is how long an idle relayer waits for new rows when no
 	// notification arrives. Defaults to 1s.
 	PollInterval time.Duration
+	// BusyPollInterval is how soon the relayer claims again after a batch
+	// that found rows, instead of waiting for a notification; each claim
+	// that then finds nothing doubles the wait, up to PollInterval.
+	// Producers notify at most once per outbox.Config.NotifyInterval, so
+	// this is what picks up the events committed between two
+	// notifications; it also keeps a poll-only relayer's latency low while
+	// events flow. A negative value turns it off. Defaults to 2ms.
+	BusyPollInterval time.Duration
 	// PollOnly disables LISTEN/NOTIFY, for connection poolers in transaction
 	// mode (PgBouncer, Supavisor), which cannot hold a LISTEN. Defaults to
 	// false.
@@ -154,6 +162,12 @@ func New(cfg Config) (*Relayer, error) {
 		d    *time.Duration
 		def  time.Duration
 	}
+	switch {
+	case cfg.BusyPollInterval == 0:
+		cfg.BusyPollInterval = 2 * time.Millisecond
+	case cfg.BusyPollInterval < 0:
+		cfg.BusyPollInterval = -1 // off
+	}
 	for _, f := range []dflt{
 		{"PollInterval", &cfg.PollInterval, time.Second},
 		{"HoldOut", &cfg.HoldOut, time.Minute},
@@ -254,7 +268,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 	}
 	defer wg.Wait()
 
-	r.log.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval, "poll_only", r.cfg.PollOnly)
+	r.log.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval, "busy_poll_interval", r.cfg.BusyPollInterval, "poll_only", r.cfg.PollOnly)
 	defer r.log.Info("relay stopped")
 	// next is a batch claimed while the previous one was being published.
 	var next *claimed
@@ -264,6 +278,10 @@ func (r *Relayer) Run(ctx context.Context) error {
 		}
 	}()
 	failures := 0
+	// busy is the wait before the next follow-up claim after rows were
+	// found (BusyPollInterval, doubling while claims find nothing); 0 when
+	// idle.
+	var busy time.Duration
 	for ctx.Err() == nil {
 		cur := next
 		next = nil
@@ -290,6 +308,12 @@ func (r *Relayer) Run(ctx context.Context) error {
 		}
 		failures = 0
 		switch {
+		case res.Claimed > 0:
+			busy = r.cfg.BusyPollInterval
+		case busy > 0:
+			busy *= 2
+		}
+		switch {
 		case next != nil, res.Locked >= r.cfg.BatchSize && res.Claimed > 0:
 			continue // more waiting: loop at once
 		case res.Locked > 0 && res.Claimed == 0:
@@ -300,7 +324,13 @@ func (r *Relayer) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		timer := time.NewTimer(r.cfg.PollInterval)
+		wait := r.cfg.PollInterval
+		if busy > 0 && busy < wait {
+			wait = busy
+		} else {
+			busy = 0
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
