@@ -100,7 +100,7 @@ func TestShortScenariosDrainEveryEvent(t *testing.T) {
 	}
 
 	m = byName["latency"].Metrics
-	for _, run := range []string{"1000.notify", "1000.poll", "1000.throttled", "5000.notify", "5000.poll", "5000.throttled"} {
+	for _, run := range []string{"1000.notify", "1000.poll", "1000.notify_every", "5000.notify", "5000.poll", "5000.notify_every"} {
 		require.Positive(t, m["latency."+run+".events"], "latency run %s", run)
 	}
 
