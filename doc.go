@@ -20,6 +20,15 @@
 //	})
 //
 // Create the tables first with `outbox migrate up` (or package migrate).
+// QueueEmit does the same on a pgx.Batch, so the event travels with the
+// business statements and costs no round trip of its own.
+//
+// # Wake-up
+//
+// A Producer sends a NOTIFY that wakes idle relayers at commit, at most
+// once per Config.NotifyInterval (10 ms): Postgres makes notifying commits
+// wait for each other. A woken relayer keeps claiming while it finds rows,
+// which picks up the events committed between two notifications.
 //
 // # Order
 //

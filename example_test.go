@@ -36,6 +36,39 @@ func ExampleEmit() {
 	}
 }
 
+// QueueEmit sends the event with the business write in one round trip.
+func ExampleQueueEmit() {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, "") // libpq defaults / PG* environment
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer conn.Close(ctx)
+
+	orderID := uuid.New()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		batch := &pgx.Batch{}
+		batch.Queue("INSERT INTO orders (id, total_cents) VALUES ($1, $2)", orderID, 1999)
+		ev, err := outbox.QueueEmit(batch, outbox.Event{
+			AggregateID: orderID,
+			Type:        "order.placed",
+			Payload:     map[string]any{"order_id": orderID, "total_cents": 1999},
+		})
+		if err != nil {
+			return err // invalid event: nothing was queued
+		}
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			return err
+		}
+		_ = ev.ID // set once the batch's results are read
+		return nil
+	})
+	if err != nil {
+		fmt.Println("order not placed:", err)
+	}
+}
+
 // Validation errors are typed and say what to fix; nothing was written.
 func ExampleProducer_Emit_validation() {
 	p, _ := outbox.NewProducer(outbox.Config{})
