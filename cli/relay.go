@@ -104,6 +104,7 @@ exit 0. Database and broker outages are retried with backoff.`,
 	f.StringVar(&cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
 	f.IntVar(&cfg.BatchSize, "batch-size", 1000, "rows per claim")
 	f.DurationVar(&cfg.PollInterval, "poll-interval", time.Second, "how often an idle relayer looks for rows without a notification")
+	f.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", 4<<20, "most payload bytes one batch holds in memory (a single larger row goes alone)")
 	f.DurationVar(&cfg.BusyPollInterval, "busy-poll-interval", 2*time.Millisecond, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
 	f.BoolVar(&cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")

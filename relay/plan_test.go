@@ -85,7 +85,7 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 			conn, err := db.Pool.Acquire(ctx)
 			require.NoError(t, err)
 			defer conn.Release()
-			_, err = conn.Exec(ctx, "PREPARE claim_plan(int, uuid[], bigint[]) AS "+relay.ClaimSQL(db.Tables))
+			_, err = conn.Exec(ctx, "PREPARE claim_plan(int, uuid[], bigint[], bigint) AS "+relay.ClaimSQL(db.Tables))
 			require.NoError(t, err)
 			defer conn.Exec(ctx, "DEALLOCATE claim_plan") //nolint:errcheck // the connection goes away with the pool
 
@@ -102,7 +102,7 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 					_, err = tx.Exec(ctx, "SET LOCAL plan_cache_mode = "+mode)
 					require.NoError(t, err)
 					var raw []byte
-					require.NoError(t, tx.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan(%d, '{}', '{}')", batch)).Scan(&raw))
+					require.NoError(t, tx.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan(%d, '{}', '{}', 4194304)", batch)).Scan(&raw))
 					require.NoError(t, json.Unmarshal(raw, &out))
 				}()
 				require.Len(t, out, 1)

@@ -42,6 +42,12 @@ type Config struct {
 	TopicPrefix string
 	// BatchSize is the most rows one claim takes. Defaults to 1000.
 	BatchSize int
+	// MaxBatchBytes bounds the payload bytes of one batch, which the relayer
+	// holds in memory (twice, with pipelining), so large payloads cannot
+	// multiply its footprint: a claim stops before the row that would cross
+	// it (a single larger row still goes alone). Sizes are as stored, after
+	// Postgres' compression of large values. Defaults to 4 MiB.
+	MaxBatchBytes int
 	// PollInterval is how long an idle relayer waits for new rows when no
 	// notification arrives. Defaults to 1s.
 	PollInterval time.Duration
@@ -190,6 +196,12 @@ func New(cfg Config) (*Relayer, error) {
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 1000
+	}
+	if cfg.MaxBatchBytes < 0 {
+		return nil, fmt.Errorf("relay: MaxBatchBytes is %d; use a positive limit, or 0 for the default 4 MiB", cfg.MaxBatchBytes)
+	}
+	if cfg.MaxBatchBytes == 0 {
+		cfg.MaxBatchBytes = 4 << 20
 	}
 	if cfg.MaxPayloadBytes < 0 {
 		return nil, fmt.Errorf("relay: MaxPayloadBytes is %d; use a positive limit, or 0 for the default", cfg.MaxPayloadBytes)
@@ -515,7 +527,7 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, ahead []int64) ([]Messag
 	if ahead == nil {
 		ahead = []int64{}
 	}
-	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize, r.heldIDs(), ahead)
+	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize, r.heldIDs(), ahead, r.cfg.MaxBatchBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("claim: %w", err)
 	}

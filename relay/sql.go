@@ -7,7 +7,8 @@ import "strings"
 // nothing is dispatched that was not acknowledged. Parameters: $1 batch
 // size, $2 aggregates held out after a permanent failure, $3 the rows this
 // relayer is publishing in its previous batch, still open (pipelining):
-// they come first, so they are not gaps.
+// they come first, so they are not gaps, $4 the batch's payload budget in
+// bytes.
 //
 //   - candidates: the first $1 pending rows in id order that no other relayer
 //     has locked, served by the pending index (id) WHERE dispatched_at IS
@@ -23,7 +24,12 @@ import "strings"
 //     another relayer holds) or the first candidate beyond the cap. Candidates
 //     and seen rows are matched by grouping their union on id, which needs
 //     no join the planner could turn into a loop.
-//   - accepted: the candidates before their aggregate's gap. They are the
+//   - cutoff: the last candidate within the payload budget (by stored size,
+//     which for large payloads is after TOAST compression), counted in id
+//     order; the first candidate always fits. Candidates past it wait for
+//     the next claim, in order.
+//   - accepted: the candidates up to the cutoff and before their
+//     aggregate's gap. They are the
 //     oldest pending rows of their aggregate with nothing missing in between,
 //     so publishing them cannot overtake an earlier event held by another
 //     relayer. A hot aggregate's rows are all accepted: it drains in full
@@ -45,7 +51,7 @@ import "strings"
 // with 1,000 aggregates in a batch. This one drains 1.5x faster
 // (BenchmarkClaim), and migration 3 dropped that index.
 const claimSQL = `WITH candidates AS MATERIALIZED (
-  SELECT id, aggregate_id FROM {{table}}
+  SELECT id, aggregate_id, pg_column_size(payload) AS size FROM {{table}}
   WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))
   ORDER BY id
   LIMIT $1
@@ -67,9 +73,12 @@ const claimSQL = `WITH candidates AS MATERIALIZED (
       SELECT id, aggregate_id FROM candidates UNION ALL SELECT id, aggregate_id FROM seen
     ) u GROUP BY id, aggregate_id HAVING count(*) = 1
   ) lone GROUP BY aggregate_id
+), cutoff AS (
+  SELECT coalesce(max(id) FILTER (WHERE upto <= $4), min(id)) AS id
+  FROM (SELECT id, sum(size) OVER (ORDER BY id) AS upto FROM candidates) s
 ), accepted AS (
   SELECT c.id FROM candidates c LEFT JOIN gaps g USING (aggregate_id)
-  WHERE g.gap IS NULL OR c.id < g.gap
+  WHERE (g.gap IS NULL OR c.id < g.gap) AND c.id <= (SELECT id FROM cutoff)
 ), marked AS (
   UPDATE {{table}} SET dispatched_at = now()
   WHERE id = ANY(ARRAY(SELECT id FROM accepted))
