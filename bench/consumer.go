@@ -32,6 +32,27 @@ func ledgerHandler(name string) consumer.Handler {
 	})
 }
 
+// ledgerBatchHandler is ledgerHandler for a whole batch: every payload
+// decoded, the ledger rows written in one INSERT.
+func ledgerBatchHandler(name string) consumer.BatchHandler {
+	return func(ctx context.Context, tx pgx.Tx, evs []consumer.Event) error {
+		ids := make([]int64, len(evs))
+		customers := make([]string, len(evs))
+		points := make([]int64, len(evs))
+		for i, ev := range evs {
+			var o order
+			if err := json.Unmarshal(ev.Payload, &o); err != nil {
+				return consumer.Permanent(fmt.Errorf("event %d: decode %s: %w", ev.ID, ev.Type, err))
+			}
+			ids[i], customers[i], points[i] = ev.ID, o.CustomerID, o.TotalCents/100
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO loyalty_ledger (consumer, event_id, customer_id, points)
+			SELECT $1, e.id, e.customer, e.points FROM unnest($2::bigint[], $3::text[], $4::bigint[]) AS e(id, customer, points)`,
+			name, ids, customers, points)
+		return err
+	}
+}
+
 func benchEvents(n int) ([]consumer.Event, error) {
 	evs := make([]consumer.Event, n)
 	for i := range evs {
@@ -79,23 +100,27 @@ func runConsumer(ctx context.Context, s *session) (*Result, error) {
 		// writes nothing.
 		runs = append(runs, run{"batch_1000_noop", "Processor.ProcessBatch, 1,000 per tx, handler writes nothing", 1000})
 	}
+	runs = append(runs, run{"batch_1000_bulk", "Processor.ProcessBatchFunc, 1,000 per tx, one INSERT for the batch's ledger rows", 1000})
 	for _, r := range runs {
 		name := "bench-" + r.key
 		p, err := consumer.NewProcessor(consumer.ProcessorConfig{Name: name, Pool: e.pool, Tables: e.tables})
 		if err != nil {
 			return nil, err
 		}
-		h := ledgerHandler(name)
-		if r.key == "batch_1000_noop" {
+		h, bh := ledgerHandler(name), consumer.BatchHandler(nil)
+		switch r.key {
+		case "batch_1000_noop":
 			h = func(context.Context, pgx.Tx, consumer.Event) error { return nil }
+		case "batch_1000_bulk":
+			bh = ledgerBatchHandler(name)
 		}
 		s.progress("consumer: %s", r.name)
-		elapsed, err := processAll(ctx, p, evs, r.batch, workers, h)
+		elapsed, err := processAll(ctx, p, evs, r.batch, workers, h, bh)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", r.name, err)
 		}
 		// Redeliver everything: nothing may run twice.
-		if _, err := processAll(ctx, p, evs, 1000, workers, h); err != nil {
+		if _, err := processAll(ctx, p, evs, 1000, workers, h, bh); err != nil {
 			return nil, fmt.Errorf("%s, redelivery: %w", r.name, err)
 		}
 		st := p.Stats()
@@ -125,14 +150,16 @@ func runConsumer(ctx context.Context, s *session) (*Result, error) {
 		res.metric("consumer."+r.key+".processed", float64(st.Processed))
 	}
 	res.Tables = append(res.Tables, t)
-	best := max(res.Metrics["consumer.batch_100.events_per_s"], res.Metrics["consumer.batch_1000.events_per_s"])
-	res.target("idempotent consumer, batched", ">= 20,000 events/s (handler writes one row)", fmt.Sprintf("%s events/s ProcessBatch; %s through Kafka", rate(best), rate(res.Metrics["consumer.kafka_batch.events_per_s"])), best >= 20_000)
+	perEvent := max(res.Metrics["consumer.batch_100.events_per_s"], res.Metrics["consumer.batch_1000.events_per_s"])
+	bulk := res.Metrics["consumer.batch_1000_bulk.events_per_s"]
+	res.target("idempotent consumer, batched", ">= 20,000 events/s (handler writes one row per event)",
+		fmt.Sprintf("%s events/s ProcessBatchFunc (one INSERT per batch); %s ProcessBatch (one INSERT per event); %s through Kafka", rate(bulk), rate(perEvent), rate(res.Metrics["consumer.kafka_batch.events_per_s"])), max(bulk, perEvent) >= 20_000)
 	return res, nil
 }
 
 // processAll feeds evs to p from `workers` goroutines, `batch` events per
-// call, and returns the wall time.
-func processAll(ctx context.Context, p *consumer.Processor, evs []consumer.Event, batch, workers int, h consumer.Handler) (time.Duration, error) {
+// call (to bh when set, else to h), and returns the wall time.
+func processAll(ctx context.Context, p *consumer.Processor, evs []consumer.Event, batch, workers int, h consumer.Handler, bh consumer.BatchHandler) (time.Duration, error) {
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
@@ -144,9 +171,12 @@ func processAll(ctx context.Context, p *consumer.Processor, evs []consumer.Event
 		wg.Go(func() {
 			for c := range chunks {
 				var err error
-				if batch == 1 {
+				switch {
+				case bh != nil:
+					_, err = p.ProcessBatchFunc(ctx, c, bh)
+				case batch == 1:
 					_, err = p.Process(ctx, c[0], h)
-				} else {
+				default:
 					_, err = p.ProcessBatch(ctx, c, h)
 				}
 				if err != nil {

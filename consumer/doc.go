@@ -6,7 +6,9 @@
 // new, runs the handler with the same transaction, then commits. The dedupe
 // row and the handler's writes commit or roll back together, so an event
 // delivered any number of times changes the database once per consumer
-// name. ProcessBatch does the same for many events in one transaction.
+// name. ProcessBatch does the same for many events in one transaction;
+// ProcessBatchFunc gives their fresh events to one BatchHandler, which can
+// write all their effects in one statement.
 //
 // The Consumer runs the Processor behind a Kafka group consumer (franz-go):
 // it routes records to handlers by their event_type header, commits a

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -47,7 +48,8 @@ var ErrInvalidEvent = errors.New("consumer: invalid event")
 // transaction was rolled back: neither the effects nor the dedupe row were
 // kept, so the event can be retried.
 type HandlerError struct {
-	// Index is the failed event's position in the batch; 0 for Process.
+	// Index is the failed event's position in the batch; 0 for Process,
+	// -1 for a BatchHandler (then Source and EventID are empty).
 	Index   int
 	Source  string
 	EventID int64
@@ -55,6 +57,9 @@ type HandlerError struct {
 }
 
 func (e *HandlerError) Error() string {
+	if e.Index < 0 {
+		return fmt.Sprintf("batch handler failed: %v", e.Err)
+	}
 	if e.Source != "" {
 		return fmt.Sprintf("handler failed on event %d from %q: %v", e.EventID, e.Source, e.Err)
 	}
@@ -203,11 +208,54 @@ func (p *Processor) Process(ctx context.Context, ev Event, h Handler) (Outcome, 
 // Fall back to Process, one event at a time, so the events before and after
 // it succeed and the failing one can be retried or dead-lettered alone.
 func (p *Processor) ProcessBatch(ctx context.Context, evs []Event, h Handler) ([]Outcome, error) {
-	if len(evs) == 0 {
-		return nil, nil
-	}
 	if h == nil {
 		return nil, errors.New("consumer: ProcessBatch called with a nil handler")
+	}
+	h = Recover()(h)
+	return p.processBatch(ctx, evs, func(ctx context.Context, tx pgx.Tx, fresh []Event, at []int) error {
+		for j, ev := range fresh {
+			if err := h(ctx, tx, ev); err != nil {
+				return &HandlerError{Index: at[j], Source: ev.Source, EventID: ev.ID, Err: err}
+			}
+		}
+		return nil
+	})
+}
+
+// BatchHandler applies the side effects of many events at once in tx, for
+// instance with one INSERT ... SELECT FROM unnest(...): a round trip for the
+// batch instead of one per event. It receives only the events this consumer
+// has not processed before, in the batch's order.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, evs []Event) error
+
+// ProcessBatchFunc is ProcessBatch with a BatchHandler. If the handler
+// fails (or panics), the whole batch rolls back and the error is a
+// *HandlerError whose Index is -1 and EventID 0: it names no single event.
+func (p *Processor) ProcessBatchFunc(ctx context.Context, evs []Event, h BatchHandler) ([]Outcome, error) {
+	if h == nil {
+		return nil, errors.New("consumer: ProcessBatchFunc called with a nil handler")
+	}
+	return p.processBatch(ctx, evs, func(ctx context.Context, tx pgx.Tx, fresh []Event, _ []int) (err error) {
+		if len(fresh) == 0 {
+			return nil
+		}
+		defer func() {
+			if r := recover(); r != nil {
+				err = &HandlerError{Index: -1, Err: &PanicError{Value: r, Stack: debug.Stack()}}
+			}
+		}()
+		if err := h(ctx, tx, fresh); err != nil {
+			return &HandlerError{Index: -1, Err: err}
+		}
+		return nil
+	})
+}
+
+// processBatch records evs in the processed table and runs apply on the
+// fresh ones (with their positions in evs) in the same transaction.
+func (p *Processor) processBatch(ctx context.Context, evs []Event, apply func(ctx context.Context, tx pgx.Tx, fresh []Event, at []int) error) ([]Outcome, error) {
+	if len(evs) == 0 {
+		return nil, nil
 	}
 	type key struct {
 		source string
@@ -252,9 +300,10 @@ func (p *Processor) ProcessBatch(ctx context.Context, evs []Event, h Handler) ([
 		return nil, fmt.Errorf("consumer: record %d events in %s: %w", len(keys), p.table, err)
 	}
 
-	h = Recover()(h)
 	out := make([]Outcome, len(evs))
-	var processed, duplicates int64
+	freshEvs := make([]Event, 0, len(fresh))
+	at := make([]int, 0, len(fresh))
+	var duplicates int64
 	for i, ev := range evs {
 		k := key{ev.Source, ev.ID}
 		if !fresh[k] {
@@ -263,17 +312,18 @@ func (p *Processor) ProcessBatch(ctx context.Context, evs []Event, h Handler) ([
 			continue
 		}
 		delete(fresh, k) // a second copy in this batch is a duplicate
-		if err := h(ctx, tx, ev); err != nil {
-			p.handlerErrors.Add(1)
-			return nil, &HandlerError{Index: i, Source: ev.Source, EventID: ev.ID, Err: err}
-		}
 		out[i] = Processed
-		processed++
+		freshEvs = append(freshEvs, ev)
+		at = append(at, i)
+	}
+	if err := apply(ctx, tx, freshEvs, at); err != nil {
+		p.handlerErrors.Add(1)
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("consumer: commit batch of %d events: %w", len(evs), err)
 	}
-	p.processed.Add(processed)
+	p.processed.Add(int64(len(freshEvs)))
 	p.duplicates.Add(duplicates)
 	return out, nil
 }

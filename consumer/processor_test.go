@@ -186,6 +186,63 @@ func TestProcessBatch(t *testing.T) {
 	require.ErrorContains(t, err, "event 1 of 2")
 }
 
+// A BatchHandler gets only the fresh events, in batch order, and writes
+// their effects in one statement; a failure or a panic rolls everything
+// back.
+func TestProcessBatchFunc(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := dbOnly(t)
+	p := b.processor(t, "loyalty")
+	_, err := p.Process(ctx, consumer.Event{ID: 2}, record)
+	require.NoError(t, err)
+
+	var got [][]int64
+	bulk := func(ctx context.Context, tx pgx.Tx, evs []consumer.Event) error {
+		ids := make([]int64, len(evs))
+		for i, ev := range evs {
+			ids[i] = ev.ID
+		}
+		got = append(got, ids)
+		_, err := tx.Exec(ctx, "INSERT INTO effects (source, event_id, type) SELECT '', id, '' FROM unnest($1::bigint[]) id", ids)
+		return err
+	}
+	outs, err := p.ProcessBatchFunc(ctx, []consumer.Event{{ID: 5}, {ID: 1}, {ID: 2}, {ID: 5}, {ID: 3}}, bulk)
+	require.NoError(t, err)
+	require.Equal(t, []consumer.Outcome{consumer.Processed, consumer.Processed, consumer.Duplicate, consumer.Duplicate, consumer.Processed}, outs)
+	require.Equal(t, [][]int64{{5, 1, 3}}, got)
+	require.Equal(t, map[string]int{"/1": 1, "/2": 1, "/3": 1, "/5": 1}, b.effects(t))
+	require.Equal(t, consumer.ProcessorStats{Processed: 4, Duplicates: 2}, p.Stats())
+
+	// Redelivered in full: the handler is not called at all.
+	outs, err = p.ProcessBatchFunc(ctx, []consumer.Event{{ID: 1}, {ID: 3}}, bulk)
+	require.NoError(t, err)
+	require.Equal(t, []consumer.Outcome{consumer.Duplicate, consumer.Duplicate}, outs)
+	require.Len(t, got, 1)
+
+	for name, h := range map[string]consumer.BatchHandler{
+		"error": func(context.Context, pgx.Tx, []consumer.Event) error { return errors.New("boom") },
+		"panic": func(ctx context.Context, tx pgx.Tx, evs []consumer.Event) error {
+			if err := bulk(ctx, tx, evs); err != nil {
+				return err
+			}
+			panic("bad batch")
+		},
+	} {
+		_, err := p.ProcessBatchFunc(ctx, []consumer.Event{{ID: 10}, {ID: 11}}, h)
+		var he *consumer.HandlerError
+		require.ErrorAs(t, err, &he, name)
+		require.Equal(t, -1, he.Index, name)
+		require.ErrorContains(t, err, "batch handler failed", name)
+		if name == "panic" {
+			var pe *consumer.PanicError
+			require.ErrorAs(t, err, &pe)
+		}
+		require.Equal(t, 4, b.processedRows(t), "%s: nothing recorded", name)
+		require.Len(t, b.effects(t), 4, "%s: no effects kept", name)
+	}
+}
+
 // Deliveries of one event racing on several connections run the handler
 // once: the second insert waits for the first transaction and then finds
 // the row.
