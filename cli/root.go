@@ -96,6 +96,7 @@ Configuration comes from flags, with environment fallbacks:
 	root.AddCommand(
 		newMigrateCmd(g),
 		newRelayCmd(g),
+		newConsumeCmd(g),
 		newDevKafkaCmd(g),
 		newStatsCmd(g),
 		newDemoCmd(g),
