@@ -46,8 +46,9 @@ type Config struct {
 	// ScaleRows are the dispatched-row counts the scale scenario measures
 	// at, ascending. Defaults to 0, 1M and 10M (0 and 100,000 with Short).
 	ScaleRows []int64
-	// MemoryEvents is how many events the memory scenario's relay drains.
-	// Defaults to 1,000,000 (20,000 with Short).
+	// MemoryEvents is how many events the memory scenario's relay drains
+	// and its consumer then processes. Defaults to 1,000,000 (20,000 with
+	// Short).
 	MemoryEvents int
 	// Watermill adds the Watermill forwarder to the relay scenario. It
 	// builds and runs the separate module in WatermillDir. Defaults to
@@ -56,10 +57,12 @@ type Config struct {
 	// WatermillDir is the bench/watermill module. Defaults to
 	// "bench/watermill" (run from the repository root).
 	WatermillDir string
-	// RelayCommand returns a command that runs `outbox relay` with args, for
-	// the memory scenario (which measures the relay's peak RSS as its own
-	// process). Defaults to nil: the memory scenario is skipped with a note.
-	RelayCommand func(ctx context.Context, args ...string) *exec.Cmd
+	// OutboxCommand returns a command that runs the outbox CLI with args,
+	// the subcommand first ("relay", "consume"), for the memory scenario,
+	// which measures the relay's and the consumer's peak RSS as processes
+	// of their own. Defaults to nil: the memory scenario is skipped with a
+	// note.
+	OutboxCommand func(ctx context.Context, args ...string) *exec.Cmd
 	// Progress receives one line per step, so a long run shows where it
 	// is. Defaults to io.Discard.
 	Progress io.Writer
@@ -143,7 +146,7 @@ func Scenarios() []Scenario {
 		{"latency", "commit-to-broker-ack latency at a steady emit rate, LISTEN/NOTIFY and poll-only", true, runLatency},
 		{"scale", "claim time and relay throughput with 0, 1M and 10M dispatched rows in the table", true, runScale},
 		{"consumer", "idempotent processing throughput, single and batched", true, runConsumer},
-		{"memory", "peak RSS of an `outbox relay` process draining 1M events", true, runMemory},
+		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them", true, runMemory},
 	}
 }
 

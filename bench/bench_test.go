@@ -18,12 +18,13 @@ import (
 	"github.com/pgoutbox/outbox/internal/pgtest"
 )
 
-// relayChildEnv makes the test binary act as the outbox CLI, so the memory
-// scenario can run `outbox relay` as its own process without a build step.
-const relayChildEnv = "OUTBOX_BENCH_TEST_CLI"
+// cliChildEnv makes the test binary act as the outbox CLI, so the memory
+// scenario can run `outbox relay` and `outbox consume` as processes of
+// their own without a build step.
+const cliChildEnv = "OUTBOX_BENCH_TEST_CLI"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(relayChildEnv) == "1" {
+	if os.Getenv(cliChildEnv) == "1" {
 		os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
@@ -55,9 +56,9 @@ func shortConfig(t *testing.T) bench.Config {
 		DatabaseURL:  pgtest.URL(),
 		Short:        true,
 		WatermillDir: "watermill",
-		RelayCommand: func(ctx context.Context, args ...string) *exec.Cmd {
-			cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"relay"}, args...)...)
-			cmd.Env = append(os.Environ(), relayChildEnv+"=1")
+		OutboxCommand: func(ctx context.Context, args ...string) *exec.Cmd {
+			cmd := exec.CommandContext(ctx, os.Args[0], args...)
+			cmd.Env = append(os.Environ(), cliChildEnv+"=1")
 			return cmd
 		},
 		Progress: &logWriter{t: t},
@@ -117,6 +118,15 @@ func TestShortScenariosDrainEveryEvent(t *testing.T) {
 	require.EqualValues(t, 20_000, m["memory.events"])
 	require.GreaterOrEqual(t, m["memory.published"], float64(20_000))
 	require.Positive(t, m["memory.peak_rss_bytes"])
+	require.EqualValues(t, 20_000, m["memory.consumer.processed"], "the consumer processed every event once")
+	for _, k := range []string{"memory.consumer.idle_rss_bytes", "memory.consumer.rss_bytes", "memory.consumer.peak_rss_bytes", "memory.consumer.events_per_s"} {
+		require.Positive(t, m[k], k)
+	}
+	var targets []string
+	for _, tg := range byName["memory"].Targets {
+		targets = append(targets, tg.Name)
+	}
+	require.Contains(t, targets, "consumer RSS under load")
 }
 
 // The Watermill comparison builds a separate module with the go tool, which

@@ -37,7 +37,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 	}
 	cmd := &cobra.Command{
 		Use:   "bench [scenario...]",
-		Short: "Measure emit cost, relay throughput, latency, scale, consumer throughput and relay memory",
+		Short: "Measure emit cost, relay throughput, latency, scale, consumer throughput, relay and consumer memory",
 		Long: `bench runs load scenarios against the Postgres server (--database-url or
 DATABASE_URL) and prints what it measured. Each scenario creates its own
 schema and drops it when done, and starts an in-process dev broker per run
@@ -75,10 +75,10 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 			}
 			exe, err := os.Executable()
 			if err != nil {
-				return fmt.Errorf("find this binary to run the memory scenario's relay: %w", err)
+				return fmt.Errorf("find this binary to run the memory scenario's relay and consumer: %w", err)
 			}
-			cfg.RelayCommand = func(ctx context.Context, args ...string) *exec.Cmd {
-				return exec.CommandContext(ctx, exe, append([]string{"relay"}, args...)...)
+			cfg.OutboxCommand = func(ctx context.Context, args ...string) *exec.Cmd {
+				return exec.CommandContext(ctx, exe, args...)
 			}
 			if asJSON && markdown {
 				return fmt.Errorf("--json and --markdown: pick one")
@@ -124,7 +124,7 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 	f.IntVar(&cfg.Events, "events", 0, "relay scenario preload (default 200000; 5000 with --short)")
 	f.IntVar(&cfg.Aggregates, "aggregates", 1000, "aggregates the preloaded events spread over")
 	f.StringVar(&scaleRows, "scale-rows", "", "dispatched-row levels of the scale scenario, ascending (default 0,1000000,10000000; 0,100000 with --short)")
-	f.IntVar(&cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains (default 1000000; 20000 with --short)")
+	f.IntVar(&cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains and its consumer processes (default 1000000; 20000 with --short)")
 	f.BoolVar(&cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
 	f.StringVar(&cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
