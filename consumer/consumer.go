@@ -35,7 +35,9 @@ type Config struct {
 	// Tables names the processed table. Defaults to public.processed_events.
 	Tables outbox.Tables
 	// Client says how to reach Kafka; Client.Opts are passed to franz-go
-	// after the consumer's own options, so they win. Brokers are required.
+	// after the consumer's own options, so they win (the consumer fetches
+	// at most 1 MiB a request to bound its memory: pass kgo.FetchMaxBytes
+	// to change that). Brokers are required.
 	Client kafka.ClientConfig
 	// Topics to consume. Required.
 	Topics []string
@@ -270,6 +272,11 @@ func New(cfg Config) (*Consumer, error) {
 		// A new group reads from the start, so no event is missed.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// franz-go's default (50 MiB a fetch) let a consumer working
+		// through a million-record backlog peak at 130 MiB; at 1 MiB it
+		// peaked at 43 MiB and ran no slower (`outbox bench memory`). A
+		// record batch larger than this is still returned whole.
+		kgo.FetchMaxBytes(1 << 20),
 		// Offsets are committed by hand, only past records whose
 		// transaction committed.
 		kgo.DisableAutoCommit(),
