@@ -37,7 +37,7 @@ func runLatency(ctx context.Context, s *session) (*Result, error) {
 
 	res := &Result{}
 	res.param("load", "one event per transaction (BEGIN; Emit; COMMIT) paced at a fixed rate for %s by max(%d, rate/200) writers, over %s aggregates", window, cfg.Writers, thousands(int64(cfg.Aggregates)))
-	res.param("relay", "one relayer, default settings (batch 1,000, poll interval 1s, busy poll interval 2ms); LISTEN/NOTIFY, or PollOnly")
+	res.param("relay", "one relayer, default settings (batch 5,000, poll interval 1s, busy poll interval 2ms); LISTEN/NOTIFY, or PollOnly")
 	res.param("latency", "commit-to-ack: from the moment the emitter's COMMIT returned to the moment the broker acknowledged the record (the relay's publisher returned); 'from tx start' is the relay's own BatchResult.Latencies, from the row's created_at (its transaction's start), so it adds the commit itself")
 
 	t := Table{Title: "commit-to-broker-ack latency", Columns: []string{"rate", "wake-up", "writers", "achieved ev/s", "events", "p50 ms", "p99 ms", "max ms", "p50 from tx start", "emit tx p50 ms"}}

@@ -21,7 +21,7 @@ func runMemory(ctx context.Context, s *session) (*Result, error) {
 	res := &Result{}
 	n := int64(cfg.MemoryEvents)
 	res.param("load", "%s pending events over %s aggregates, committed in one statement while the relay idles", thousands(n), thousands(int64(cfg.Aggregates)))
-	res.param("relay", "`outbox relay` as its own process (defaults: batch 1,000, LISTEN/NOTIFY), publishing to the bench's broker")
+	res.param("relay", "`outbox relay` as its own process (defaults: batch 5,000, LISTEN/NOTIFY), publishing to the bench's broker")
 	res.param("consumer", "`outbox consume --output none` as its own process (defaults: batch 100, concurrency 1), started once the relay has drained, reading the relayed topic from the start under a new name; its idle figures come from a second one on an empty topic")
 	res.param("measure", "VmHWM (peak resident set) and VmRSS from /proc/PID/status, idle and once every event is relayed, then processed")
 	if cfg.OutboxCommand == nil {

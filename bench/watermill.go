@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/pgoutbox/outbox/relay"
 )
 
 // wmResult is the JSON line bench/watermill prints.
@@ -80,7 +82,7 @@ func wmTable(res *Result, wm wmResult, outbox float64) {
 			fmt.Sprintf("%.2f", wm.Seconds), strconv.Itoa(wm.BatchSize), fmt.Sprintf("%g ms", wm.PollMS)}},
 	}
 	if !math.IsNaN(outbox) {
-		t.Rows = append(t.Rows, []string{"outbox relay, 1 relayer, defaults (median)", rate(outbox), fmt.Sprintf("%.2f", float64(wm.Events)/outbox), "1000", "1000 ms (LISTEN)"})
+		t.Rows = append(t.Rows, []string{"outbox relay, 1 relayer, defaults (median)", rate(outbox), fmt.Sprintf("%.2f", float64(wm.Events)/outbox), strconv.Itoa(relay.DefaultBatchSize), "1000 ms (LISTEN)"})
 	}
 	res.Tables = append(res.Tables, t)
 	res.metric("watermill.events_per_s", wm.EventsPerS)

@@ -43,9 +43,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"negative backoff max", func(c *relay.Config) { c.BackoffMax = -time.Second }, []string{"BackoffMax is -1s"}},
 		{"negative shutdown timeout", func(c *relay.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout is -1s"}},
 		{"backoff max below min", func(c *relay.Config) { c.BackoffMin, c.BackoffMax = time.Second, time.Millisecond }, []string{"BackoffMax (1ms) is below BackoffMin (1s)", "raise BackoffMax"}},
-		{"negative batch size", func(c *relay.Config) { c.BatchSize = -1 }, []string{"BatchSize is -1", "1 to 100000", "0 for the default 1000"}},
+		{"negative batch size", func(c *relay.Config) { c.BatchSize = -1 }, []string{"BatchSize is -1", "1 to 100000", "0 for the default 5000"}},
 		{"huge batch size", func(c *relay.Config) { c.BatchSize = 100_001 }, []string{"BatchSize is 100001"}},
 		{"negative payload limit", func(c *relay.Config) { c.MaxPayloadBytes = -1 }, []string{"MaxPayloadBytes is -1"}},
+		{"negative batch bytes", func(c *relay.Config) { c.MaxBatchBytes = -1 }, []string{"MaxBatchBytes is -1", "0 for the default 4 MiB"}},
 		{"topic prefix with a space", func(c *relay.Config) { c.TopicPrefix = "my prefix." }, []string{`topic prefix "my prefix."`, "letters, digits"}},
 		{"topic prefix with a slash", func(c *relay.Config) { c.TopicPrefix = "prod/" }, []string{`topic prefix "prod/"`}},
 		{"topic prefix too long", func(c *relay.Config) { c.TopicPrefix = strings.Repeat("p", 249) }, []string{"topic prefix", "at most 249"}},
@@ -67,8 +68,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	r, err := relay.New(good())
 	require.NoError(t, err)
 	cfg := r.Config()
-	require.Equal(t, 1000, cfg.BatchSize)
+	require.Equal(t, relay.DefaultBatchSize, cfg.BatchSize)
+	require.Equal(t, relay.DefaultMaxBatchBytes, cfg.MaxBatchBytes)
 	require.Equal(t, time.Second, cfg.PollInterval)
+	require.Equal(t, 2*time.Millisecond, cfg.BusyPollInterval)
+	require.False(t, cfg.DisablePipelining)
 	require.Equal(t, time.Minute, cfg.HoldOut)
 	require.Equal(t, 100*time.Millisecond, cfg.BackoffMin)
 	require.Equal(t, 30*time.Second, cfg.BackoffMax)
@@ -76,4 +80,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	require.Equal(t, outbox.DefaultMaxPayloadBytes, cfg.MaxPayloadBytes)
 	require.Equal(t, outbox.Tables{}.WithDefaults(), cfg.Tables)
 	require.NotNil(t, cfg.Logger)
+
+	off := good()
+	off.BusyPollInterval = -time.Second
+	r, err = relay.New(off)
+	require.NoError(t, err)
+	require.Negative(t, r.Config().BusyPollInterval, "a negative BusyPollInterval turns busy polling off")
 }

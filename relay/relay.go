@@ -29,6 +29,12 @@ import (
 	"github.com/pgoutbox/outbox/migrate"
 )
 
+// Defaults of Config.
+const (
+	DefaultBatchSize     = 5000
+	DefaultMaxBatchBytes = 4 << 20
+)
+
 // Config configures a Relayer. Pool and Publisher are required.
 type Config struct {
 	// Pool connects to the database holding the outbox. Required.
@@ -40,7 +46,12 @@ type Config struct {
 	// TopicPrefix is prepended to the topic derived from each event type.
 	// It must match the producers'. Defaults to "".
 	TopicPrefix string
-	// BatchSize is the most rows one claim takes. Defaults to 1000.
+	// BatchSize is the most rows one claim takes. Larger batches spread
+	// each claim's fixed costs (the walks over the pending index, the
+	// commit's flush, the broker round trip) over more rows: one relayer
+	// drained 92k events/s with 5,000 against 67k with 1,000
+	// (BENCHMARKS.md); MaxBatchBytes keeps large payloads from multiplying
+	// the memory this takes. Defaults to 5000.
 	BatchSize int
 	// MaxBatchBytes bounds the payload bytes of one batch, which the relayer
 	// holds in memory (twice, with pipelining), so large payloads cannot
@@ -192,16 +203,16 @@ func New(cfg Config) (*Relayer, error) {
 		return nil, fmt.Errorf("relay: BackoffMax (%s) is below BackoffMin (%s); raise BackoffMax or lower BackoffMin", cfg.BackoffMax, cfg.BackoffMin)
 	}
 	if cfg.BatchSize < 0 || cfg.BatchSize > 100_000 {
-		return nil, fmt.Errorf("relay: BatchSize is %d; use 1 to 100000, or 0 for the default 1000", cfg.BatchSize)
+		return nil, fmt.Errorf("relay: BatchSize is %d; use 1 to 100000, or 0 for the default 5000", cfg.BatchSize)
 	}
 	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 1000
+		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.MaxBatchBytes < 0 {
 		return nil, fmt.Errorf("relay: MaxBatchBytes is %d; use a positive limit, or 0 for the default 4 MiB", cfg.MaxBatchBytes)
 	}
 	if cfg.MaxBatchBytes == 0 {
-		cfg.MaxBatchBytes = 4 << 20
+		cfg.MaxBatchBytes = DefaultMaxBatchBytes
 	}
 	if cfg.MaxPayloadBytes < 0 {
 		return nil, fmt.Errorf("relay: MaxPayloadBytes is %d; use a positive limit, or 0 for the default", cfg.MaxPayloadBytes)
