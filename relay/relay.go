@@ -305,15 +305,24 @@ func (r *Relayer) Run(ctx context.Context) error {
 	// found (BusyPollInterval, doubling while claims find nothing); 0 when
 	// idle.
 	var busy time.Duration
+	// futile counts claims in a row whose every row waited behind another
+	// relayer; while it is not 0, claims are probes of probeSize rows.
+	futile := 0
 	for ctx.Err() == nil {
 		cur := next
 		next = nil
 		var err error
 		if cur == nil {
-			cur, err = r.claimBatch(batchCtx, nil)
+			size := r.cfg.BatchSize
+			if futile > 0 {
+				size = min(size, probeSize)
+			}
+			cur, err = r.claimBatch(batchCtx, size, nil)
 		}
 		var res BatchResult
+		full := false
 		if err == nil {
+			full = cur.locked >= cur.size
 			res, next, err = r.relay(ctx, batchCtx, cur)
 		}
 		if err != nil {
@@ -332,17 +341,22 @@ func (r *Relayer) Run(ctx context.Context) error {
 		failures = 0
 		switch {
 		case res.Claimed > 0:
-			busy = r.cfg.BusyPollInterval
+			busy, futile = r.cfg.BusyPollInterval, 0
 		case busy > 0:
 			busy *= 2
 		}
 		switch {
-		case next != nil, res.Locked >= r.cfg.BatchSize && res.Claimed > 0:
+		case next != nil, full && res.Claimed > 0:
 			continue // more waiting: loop at once
 		case res.Locked > 0 && res.Claimed == 0:
 			// Everything we could lock waits behind rows another relayer
-			// is publishing; it commits within a batch's time.
-			if !backoff.Sleep(ctx, 5*time.Millisecond) {
+			// is publishing. Such a claim is not only futile: while it
+			// holds its candidates, the other relayer's next claim must
+			// skip them and then finds its own aggregates gapped. So back
+			// off (5 ms, doubling to 100 ms) and probe with small claims
+			// until one finds rows of its own again.
+			futile++
+			if !backoff.Sleep(ctx, backoff.Delay(5*time.Millisecond, 100*time.Millisecond, futile)) {
 				return nil
 			}
 			continue
@@ -368,10 +382,10 @@ func (r *Relayer) Run(ctx context.Context) error {
 
 // claimed is a batch claimed and marked in its still open transaction.
 type claimed struct {
-	tx     pgx.Tx
-	msgs   []Message
-	locked int
-	start  time.Time
+	tx           pgx.Tx
+	msgs         []Message
+	size, locked int // rows asked for, rows locked
+	start        time.Time
 }
 
 // abandon rolls the batch back: its rows return to pending, unpublished.
@@ -382,18 +396,18 @@ func (c *claimed) abandon(ctx context.Context) {
 // claimBatch opens a transaction and claims a batch in it. ahead are the
 // rows of the batch this relayer is still publishing, which this one
 // follows.
-func (r *Relayer) claimBatch(ctx context.Context, ahead []int64) (*claimed, error) {
+func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64) (*claimed, error) {
 	start := time.Now()
 	tx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	msgs, locked, err := r.claim(ctx, tx, ahead)
+	msgs, locked, err := r.claim(ctx, tx, size, ahead)
 	if err != nil {
 		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the claim's error
 		return nil, err
 	}
-	return &claimed{tx: tx, msgs: msgs, locked: locked, start: start}, nil
+	return &claimed{tx: tx, msgs: msgs, size: size, locked: locked, start: start}, nil
 }
 
 // relay publishes and commits cur. When cur is a full batch, so more rows
@@ -402,7 +416,7 @@ func (r *Relayer) claimBatch(ctx context.Context, ahead []int64) (*claimed, erro
 // aggregate whose row in cur failed, so it is rolled back unpublished. It
 // is not claimed once ctx (Run's) is cancelled.
 func (r *Relayer) relay(ctx, batchCtx context.Context, cur *claimed) (BatchResult, *claimed, error) {
-	if r.cfg.DisablePipelining || len(cur.msgs) == 0 || cur.locked < r.cfg.BatchSize || ctx.Err() != nil {
+	if r.cfg.DisablePipelining || len(cur.msgs) == 0 || cur.locked < cur.size || ctx.Err() != nil {
 		res, err := r.finish(batchCtx, cur)
 		return res, nil, err
 	}
@@ -419,7 +433,7 @@ func (r *Relayer) relay(ctx, batchCtx context.Context, cur *claimed) (BatchResul
 		res, err := r.finish(batchCtx, cur)
 		done <- outcome{res, err}
 	}()
-	next, nerr := r.claimBatch(batchCtx, ahead)
+	next, nerr := r.claimBatch(batchCtx, r.cfg.BatchSize, ahead)
 	out := <-done
 	if out.err != nil || out.res.Dispatched != out.res.Claimed {
 		if next != nil {
@@ -532,18 +546,22 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	return res, nil
 }
 
+// probeSize is the claim of a relayer whose last claims all waited behind
+// another relayer: small, so it holds few rows the other needs.
+const probeSize = 100
+
 var errDeferred = errors.New("deferred behind an earlier failed row of its aggregate")
 
-func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, ahead []int64) ([]Message, int, error) {
+func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64) ([]Message, int, error) {
 	if ahead == nil {
 		ahead = []int64{}
 	}
-	rows, err := tx.Query(ctx, r.claimSQL, r.cfg.BatchSize, r.heldIDs(), ahead, r.cfg.MaxBatchBytes)
+	rows, err := tx.Query(ctx, r.claimSQL, size, r.heldIDs(), ahead, r.cfg.MaxBatchBytes)
 	if err != nil {
 		return nil, 0, fmt.Errorf("claim: %w", err)
 	}
 	defer rows.Close()
-	msgs := make([]Message, 0, r.cfg.BatchSize)
+	msgs := make([]Message, 0, size)
 	var locked int64
 	for rows.Next() {
 		// Nullable: the one row that only carries the count has NULLs.
