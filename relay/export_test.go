@@ -7,3 +7,6 @@ import "github.com/pgoutbox/outbox"
 func ClaimSQL(t outbox.Tables) string {
 	return render(claimSQL, t.WithDefaults().OutboxIdent())
 }
+
+// ClaimBegin opens a transaction the way the relayer opens its claims'.
+const ClaimBegin = claimBegin

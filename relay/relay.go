@@ -398,7 +398,7 @@ func (c *claimed) abandon(ctx context.Context) {
 // follows.
 func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64) (*claimed, error) {
 	start := time.Now()
-	tx, err := r.cfg.Pool.Begin(ctx)
+	tx, err := r.cfg.Pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
