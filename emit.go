@@ -157,7 +157,9 @@ func (p *Producer) Config() Config { return p.cfg }
 // Parameters are arrays, which keeps the statement text fixed (one prepared
 // statement whatever the batch size) and works through database/sql drivers
 // that only send text. A single event takes buildInsertOneSQL's statement:
-// the same steps without the arrays, a fifth cheaper to run.
+// the same steps without the arrays (pgbench: a transaction with it runs at
+// 0.71-0.78x of the same transaction without, against 0.66-0.70x with the
+// array statement).
 func buildInsertSQL(table string, notify bool) string {
 	var b strings.Builder
 	b.WriteString(`WITH locked AS MATERIALIZED (
