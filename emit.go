@@ -325,6 +325,9 @@ func (p *Producer) EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64,
 		return 0, err
 	}
 	ids, err := p.collectSQL(ctx, tx, sql, args, 1)
+	if err == nil {
+		ids, err = p.orderIDs(ids, 1)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -344,7 +347,8 @@ func (p *Producer) EmitBatchSQL(ctx context.Context, tx SQLQuerier, events []Eve
 	return p.orderIDs(ids, len(events))
 }
 
-// collectSQL runs an insert through database/sql and reads its ids.
+// collectSQL runs an insert through database/sql and reads its ids (n is
+// the capacity to expect; orderIDs checks the count).
 func (p *Producer) collectSQL(ctx context.Context, tx SQLQuerier, sql string, args []any, n int) ([]int64, error) {
 	rows, err := tx.QueryContext(ctx, sql, args...)
 	if err != nil {
@@ -361,9 +365,6 @@ func (p *Producer) collectSQL(ctx context.Context, tx SQLQuerier, sql string, ar
 	}
 	if err := rows.Err(); err != nil {
 		return nil, p.insertErr(err)
-	}
-	if len(ids) != n {
-		return nil, fmt.Errorf("outbox: insert into %s returned %d ids for %d events", p.cfg.Tables.OutboxIdent(), len(ids), n)
 	}
 	return ids, nil
 }

@@ -71,9 +71,8 @@ group and exit 0.`,
 				return err
 			}
 			cfg.Name, cfg.Group = consumeNames(cfg.Name, cfg.Group)
-			cfg.Client = kf.config()
-			if len(cfg.Client.Brokers) == 0 {
-				return errors.New("no Kafka brokers: pass --brokers host:port or set KAFKA_BROKERS (for a local broker run 'outbox dev-kafka')")
+			if cfg.Client, err = kf.brokersConfig(); err != nil {
+				return err
 			}
 			opts, err := cfg.Client.Options()
 			if err != nil {

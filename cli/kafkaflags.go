@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -53,6 +54,15 @@ func (k *kafkaFlags) config() kafka.ClientConfig {
 		Brokers: brokers, TLS: k.tls, CAFile: k.tlsCA, CertFile: k.tlsCert, KeyFile: k.tlsKey,
 		TLSInsecureSkipVerify: k.tlsInsecure, SASLMechanism: k.saslMech, SASLUser: k.saslUser, SASLPassword: pw,
 	}
+}
+
+// brokersConfig is config for a command that cannot run without a broker.
+func (k *kafkaFlags) brokersConfig() (kafka.ClientConfig, error) {
+	cfg := k.config()
+	if len(cfg.Brokers) == 0 {
+		return cfg, errors.New("no Kafka brokers: pass --brokers host:port or set KAFKA_BROKERS (for a local broker run 'outbox dev-kafka')")
+	}
+	return cfg, nil
 }
 
 // ping checks that a broker answers, with an error that says what to do.

@@ -49,9 +49,9 @@ exit 0. Database and broker outages are retried with backoff.`,
 			if err != nil {
 				return err
 			}
-			kcfg := kf.config()
-			if len(kcfg.Brokers) == 0 {
-				return errors.New("no Kafka brokers: pass --brokers host:port or set KAFKA_BROKERS (for a local broker run 'outbox dev-kafka')")
+			kcfg, err := kf.brokersConfig()
+			if err != nil {
+				return err
 			}
 			if deliver <= 0 {
 				return errors.New("--delivery-timeout must be positive, e.g. 30s")
