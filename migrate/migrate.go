@@ -64,6 +64,7 @@ func New(tables outbox.Tables) (*Migrator, error) {
 		"AggregateIdx":   pgident.Quote(tables.Outbox + "_aggregate_pending_idx"),
 		"ProcessedAtIdx": pgident.Quote(trimIdent(tables.Processed + "_processed_at_idx")),
 		"Failures":       FailuresIdent(tables),
+		"Parked":         ParkedIdent(tables),
 	}
 	migs, err := load(vars)
 	if err != nil {
@@ -83,6 +84,13 @@ func New(tables outbox.Tables) (*Migrator, error) {
 func FailuresIdent(tables outbox.Tables) string {
 	tables = tables.WithDefaults()
 	return pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_failures"))
+}
+
+// ParkedIdent is the quoted, schema-qualified table (migration 4) that
+// holds rows parked by `outbox events park`.
+func ParkedIdent(tables outbox.Tables) string {
+	tables = tables.WithDefaults()
+	return pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_parked"))
 }
 
 func trimIdent(s string) string {
