@@ -64,7 +64,7 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 		{key: "bare_returning", name: "bare SQL + RETURNING the rows (1 client)", run: bare(fmt.Sprintf(bareReturningSQL, table))},
 		// The relayer's own statement, ordering rule included, run the
 		// same way: the database's share of the relay's cost.
-		{key: "claim_statement", name: "relay's claim statement alone (1 client, autocommit)", run: bare(claimSQL, 1000, []string{}, []int64{}, 4<<20)},
+		{key: "claim_statement", name: "relay's claim statement alone (1 client, autocommit)", run: bare(claimSQL, 1000, []int64{}, 4<<20)},
 		{key: "null_publisher", name: "outbox relay, 1 relayer, publisher that acks at once", run: func() (drainResult, error) { return drainNull(ctx, s, e, n) }},
 		{key: "relayers_1", name: "outbox relay, 1 relayer", relay: true, run: relayers(1, aggs, nil)},
 		{key: "relayers_2", name: "outbox relay, 2 relayers", relay: true, run: relayers(2, aggs, nil)},

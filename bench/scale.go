@@ -119,7 +119,7 @@ func timeClaims(ctx context.Context, e *env, claimSQL string, n int) ([]time.Dur
 			return nil, err
 		}
 		t0 := time.Now()
-		rows, err := tx.Query(ctx, claimSQL, 1000, []string{}, []int64{}, 4<<20)
+		rows, err := tx.Query(ctx, claimSQL, 1000, []int64{}, 4<<20)
 		if err != nil {
 			_ = tx.Rollback(ctx)
 			return nil, fmt.Errorf("claim: %w", err)
@@ -183,14 +183,14 @@ func captureClaimSQL(ctx context.Context, e *env) (string, error) {
 
 // claimTracer picks the claim out of the relayer's queries: the statement
 // that marks pending rows dispatched, locking them with SKIP LOCKED, and
-// takes the batch size, the held-out aggregates, the rows in flight and the byte budget.
+// takes the batch size, the rows in flight and the byte budget.
 type claimTracer struct {
 	once  sync.Once
 	found chan string
 }
 
 func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if len(data.Args) == 4 && strings.Contains(data.SQL, "SKIP LOCKED") && strings.Contains(strings.ToUpper(data.SQL), "SET DISPATCHED_AT") {
+	if len(data.Args) == 3 && strings.Contains(data.SQL, "SKIP LOCKED") && strings.Contains(strings.ToUpper(data.SQL), "SET DISPATCHED_AT") {
 		t.once.Do(func() { t.found <- data.SQL })
 	}
 	return ctx

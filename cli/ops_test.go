@@ -27,6 +27,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -133,14 +134,13 @@ func TestWatchdogNamesPoisonRow(t *testing.T) {
 	}
 	var poison int64
 	require.NoError(t, db.Pool.QueryRow(context.Background(), "INSERT INTO "+db.Tables.OutboxIdent()+
-		` (aggregate_id, type, payload) VALUES ($1, 'order.placed', jsonb_build_object('blob', repeat('x', 2048))) RETURNING id`, poisoned).Scan(&poison))
+		` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '{}', '{"retries": 3}') RETURNING id`, poisoned).Scan(&poison))
 	follower := emit(t, db, poisoned, "order.paid", map[string]int{"n": 1})
 	for i := range 20 {
 		emit(t, db, uuid.New(), "payment.captured", map[string]int{"n": i})
 	}
 
 	o := startRelay(t, db, broker, func(c *relay.Config) {
-		c.MaxPayloadBytes = 1024
 		c.HoldOut = 500 * time.Millisecond
 	}, "--http", "127.0.0.1:0", "--metrics-refresh", "100ms", "--stuck-after", "1s", "--watchdog-interval", "200ms", "--cleanup-interval", "0")
 	require.Eventually(t, func() bool { return count(t, db, "dispatched_at IS NULL") == 2 }, 20*time.Second, 20*time.Millisecond,
@@ -151,13 +151,13 @@ func TestWatchdogNamesPoisonRow(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var code int
 		code, stdout, stderr = runCLI(t, db, "watchdog", "--stuck-after", "1s")
-		return code == 1 && strings.Contains(stdout, "payload is")
+		return code == 1 && strings.Contains(stdout, "not a JSON object of string values") && strings.Contains(stdout, "2 stuck")
 	}, 20*time.Second, 200*time.Millisecond, "watchdog never reported the stuck row with its error")
 	t.Logf("outbox watchdog --stuck-after 1s:\n%s%s", stdout, stderr)
-	require.Contains(t, stdout, "2 stuck (pending > 1s)")
-	require.Regexp(t, regexp.MustCompile(`(?m)^`+strconv.FormatInt(poison, 10)+`\s+`+poisoned.String()+`\s+order\.placed\s+\S+\s+-\s+\d+\s+permanent: payload is \d+ bytes; the limit is 1024`), stdout)
-	require.Regexp(t, regexp.MustCompile(`(?m)^`+strconv.FormatInt(follower, 10)+`\s+`+poisoned.String()+`\s+order\.paid\s+\S+\s+`+strconv.FormatInt(poison, 10)+`\s+-\s+-$`), stdout)
-	require.Contains(t, stderr, "outbox: unhealthy: 2 row(s) pending longer than 1s")
+	require.Contains(t, stdout, "2 stuck (pending > 1s, or held, or behind a held row), 1 held (undecodable 1; the oldest for")
+	require.Regexp(t, regexp.MustCompile(`(?m)^`+strconv.FormatInt(poison, 10)+`\s+`+poisoned.String()+`\s+order\.placed\s+\S+\s+-\s+undecodable\s+\d+\s+(in \S+|due)\s+permanent: headers \{"retries": 3\} are not a JSON object of string values`), stdout)
+	require.Regexp(t, regexp.MustCompile(`(?m)^`+strconv.FormatInt(follower, 10)+`\s+`+poisoned.String()+`\s+order\.paid\s+\S+\s+`+strconv.FormatInt(poison, 10)+`\s+-\s+-\s+-\s+-$`), stdout)
+	require.Contains(t, stderr, "outbox: unhealthy: 2 row(s) stuck (1 held; the rest wait behind them or were pending longer than 1s)")
 
 	code, stdout, _ := runCLI(t, db, "watchdog", "--stuck-after", "1s", "--json")
 	require.Equal(t, 1, code)
@@ -177,7 +177,7 @@ func TestWatchdogNamesPoisonRow(t *testing.T) {
 	require.Len(t, rep.StuckRows, 2)
 	require.Equal(t, poison, rep.StuckRows[0].ID)
 	require.NotNil(t, rep.StuckRows[0].LastError)
-	require.Contains(t, *rep.StuckRows[0].LastError, "the limit is 1024")
+	require.Contains(t, *rep.StuckRows[0].LastError, "not a JSON object of string values")
 	require.Positive(t, rep.StuckRows[0].Attempts)
 	require.Equal(t, follower, rep.StuckRows[1].ID)
 	require.Equal(t, poison, *rep.StuckRows[1].BlockedBy)
@@ -207,7 +207,7 @@ func TestWatchdogHealthyAndUnmigrated(t *testing.T) {
 	db := pgtest.New(t, pgtest.Options{MaxConns: 2})
 	code, stdout, stderr := runCLI(t, db, "watchdog")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, ": 0 pending, oldest 0s (lag SLO 5s: ok), 0 stuck (pending > 5m0s)")
+	require.Contains(t, stdout, ": 0 pending, oldest 0s (lag SLO 5s: ok), 0 stuck (pending > 5m0s, or held, or behind a held row), 0 held")
 	code, stdout, _ = runCLI(t, db, "watchdog", "--json")
 	require.Equal(t, 0, code)
 	require.Contains(t, stdout, `"healthy": true`)
@@ -310,6 +310,11 @@ func TestStatsCommand(t *testing.T) {
   (gen_random_uuid(), 'order.placed', '{}', now() - interval '1 minute', now() - interval '10 seconds'),
   (gen_random_uuid(), 'order.placed', '{}', now(), NULL)`)
 	require.NoError(t, err)
+	// The young pending row is held: a relayer recorded a permanent failure.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO `+migrate.FailuresIdent(db.Tables)+` (event_id, aggregate_id, type, reason, error, first_failed_at, failed_at, held_until)
+  SELECT id, aggregate_id, type, 'too_large', 'permanent: too large', now(), now(), now() + interval '1 minute' FROM `+db.Tables.OutboxIdent()+`
+  WHERE dispatched_at IS NULL ORDER BY id DESC LIMIT 1`)
+	require.NoError(t, err)
 
 	code, stdout, stderr := runCLI(t, db, "stats")
 	require.Equal(t, 0, code, stderr)
@@ -317,8 +322,8 @@ func TestStatsCommand(t *testing.T) {
 	for _, line := range []string{
 		`(?m)^pending\s+2$`,
 		`(?m)^oldest pending age\s+10m\d+s\s+\(the lag\)$`,
-		`(?m)^stuck \(pending > 5m0s\)\s+1$`,
-		`(?m)^known failures\s+0$`,
+		`(?m)^stuck \(pending > 5m0s, or held\)\s+2\s+\(held rows`,
+		`(?m)^held\s+1\s+\(too_large 1; the oldest for \d+(ms|s)\)$`,
 		`(?m)^dispatched last minute\s+1\s+\(0\.0/s\)$`,
 		`(?m)^dispatched last hour\s+2\s+\(0\.0/s\)$`,
 		`(?m)^table size\s+\d+\.\d [KM]iB\s+\(with indexes and TOAST\)$`,
@@ -333,7 +338,9 @@ func TestStatsCommand(t *testing.T) {
 	var s map[string]any
 	require.NoError(t, json.Unmarshal([]byte(stdout), &s), stdout)
 	require.Equal(t, float64(2), s["pending"])
-	require.Equal(t, float64(0), s["stuck"])
+	require.Equal(t, float64(1), s["stuck"], "the held row, young as it is")
+	require.Equal(t, float64(1), s["held"])
+	require.Equal(t, map[string]any{"too_large": float64(1)}, s["held_by_reason"])
 	require.Equal(t, float64(900), s["stuck_after_seconds"])
 	require.InDelta(t, 600, s["oldest_pending_age_seconds"], 30)
 	require.Equal(t, float64(1), s["dispatched_last_minute"])

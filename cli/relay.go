@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,7 +18,7 @@ func newRelayCmd(g *globals) *cobra.Command {
 	var (
 		kf      kafkaFlags
 		cfg     relay.Config
-		source  string
+		pcfg    kafka.PublisherConfig
 		deliver time.Duration
 		rops    relayOps // metrics, health, watchdog, cleanup: relayops.go
 	)
@@ -56,6 +57,12 @@ exit 0. Database and broker outages are retried with backoff.`,
 			if deliver <= 0 {
 				return errors.New("--delivery-timeout must be positive, e.g. 30s")
 			}
+			if pcfg.MaxMessageBytes < 0 {
+				return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", pcfg.MaxMessageBytes)
+			}
+			if len(pcfg.Source) > outbox.MaxSourceLen || outbox.ValidText(pcfg.Source) != "" {
+				return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
+			}
 			kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(deliver))
 			client, err := kafka.NewPublisherClient(kcfg)
 			if err != nil {
@@ -71,7 +78,7 @@ exit 0. Database and broker outages are retried with backoff.`,
 				return err
 			}
 			cfg.Pool = pool
-			cfg.Publisher = kafka.NewPublisher(client, kafka.PublisherConfig{Source: source})
+			cfg.Publisher = kafka.NewPublisher(client, pcfg)
 			cfg.Tables = t
 			cfg.Logger = log
 			if err := rops.instrument(&cfg, client); err != nil {
@@ -108,10 +115,11 @@ exit 0. Database and broker outages are retried with backoff.`,
 	f.DurationVar(&cfg.BusyPollInterval, "busy-poll-interval", 2*time.Millisecond, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
 	f.BoolVar(&cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
-	f.IntVar(&cfg.MaxPayloadBytes, "max-payload-bytes", outbox.DefaultMaxPayloadBytes, "rows with larger payloads are held out, not sent")
-	f.DurationVar(&cfg.HoldOut, "hold-out", time.Minute, "how long an aggregate whose event the broker rejected is skipped before a retry")
+	f.IntVar(&pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
+	f.DurationVar(&cfg.HoldOut, "hold-out", time.Minute, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
+	f.DurationVar(&cfg.MaxHoldOut, "max-hold-out", 30*time.Minute, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long the batch in flight may take to finish after SIGTERM")
 	f.DurationVar(&deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
-	f.StringVar(&source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
+	f.StringVar(&pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	return cmd
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -28,7 +30,8 @@ func newStatsCmd(g *globals) *cobra.Command {
   pending              rows committed and not yet dispatched
   oldest pending age   the dispatch lag; a healthy relay keeps it under a second
   stuck                rows pending longer than --stuck-after ('outbox watchdog' lists them)
-  known failures       pending rows a relayer failed to publish for good (held out)
+  held                 pending rows whose last attempt failed for good, by reason
+                       (they count as stuck at once; 'outbox events show ID')
   dispatched           rows dispatched in the last minute and hour, with the rate
   table size           the table with its indexes and TOAST
   live / dead rows     dead rows are what vacuum has yet to reclaim; a high share
@@ -56,8 +59,8 @@ No query scans the whole table. --json prints the same for scripts.`,
 			fmt.Fprintf(w, "outbox\t%s\n", t.OutboxIdent())
 			fmt.Fprintf(w, "pending\t%d\n", s.Pending)
 			fmt.Fprintf(w, "oldest pending age\t%s\t(the lag)\n", fmtAge(s.OldestPendingAge))
-			fmt.Fprintf(w, "stuck (pending > %s)\t%d\n", s.StuckAfter, s.Stuck)
-			fmt.Fprintf(w, "known failures\t%d\n", s.KnownFailures)
+			fmt.Fprintf(w, "stuck (pending > %s, or held)\t%d\t(held rows and the rows behind them are stuck at once)\n", s.StuckAfter, s.Stuck)
+			fmt.Fprintf(w, "held\t%d\t%s\n", s.Held, fmtHeld(s.Lag))
 			fmt.Fprintf(w, "dispatched last minute\t%d\t(%.1f/s)\n", s.DispatchedLastMinute, float64(s.DispatchedLastMinute)/60)
 			fmt.Fprintf(w, "dispatched last hour\t%d\t(%.1f/s)\n", s.DispatchedLastHour, float64(s.DispatchedLastHour)/3600)
 			fmt.Fprintf(w, "table size\t%s\t(with indexes and TOAST)\n", fmtBytes(s.TableBytes))
@@ -84,7 +87,9 @@ func statsJSON(t outbox.Tables, s ops.Stats) map[string]any {
 		"oldest_pending_age_seconds": s.OldestPendingAge.Seconds(),
 		"stuck":                      s.Stuck,
 		"stuck_after_seconds":        s.StuckAfter.Seconds(),
-		"known_failures":             s.KnownFailures,
+		"held":                       s.Held,
+		"held_by_reason":             s.HeldByReason,
+		"oldest_held_age_seconds":    s.OldestHeldAge.Seconds(),
 		"dispatched_last_minute":     s.DispatchedLastMinute,
 		"dispatched_last_hour":       s.DispatchedLastHour,
 		"table_bytes":                s.TableBytes,
@@ -93,6 +98,20 @@ func statsJSON(t outbox.Tables, s ops.Stats) map[string]any {
 		"last_vacuum":                timeOrNil(s.LastVacuum),
 		"last_autovacuum":            timeOrNil(s.LastAutovacuum),
 	}
+}
+
+// fmtHeld says why rows are held and for how long, e.g. "(too_large 2,
+// undecodable 1; the oldest for 3m10s)".
+func fmtHeld(l ops.Lag) string {
+	if l.Held == 0 {
+		return ""
+	}
+	reasons := make([]string, 0, len(l.HeldByReason))
+	for r, n := range l.HeldByReason {
+		reasons = append(reasons, fmt.Sprintf("%s %d", r, n))
+	}
+	slices.Sort(reasons)
+	return fmt.Sprintf("(%s; the oldest for %s)", strings.Join(reasons, ", "), fmtAge(l.OldestHeldAge))
 }
 
 // opsPool connects for the operations commands (stats, watchdog, cleanup)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -23,18 +24,26 @@ func newWatchdogCmd(g *globals) *cobra.Command {
 		Short: "List stuck outbox rows and check the lag SLO; exit 1 when unhealthy (for cron and probes)",
 		Long: `watchdog checks one outbox table once:
 
-  - rows pending longer than --stuck-after are stuck: they are listed with id,
-    aggregate, type, age, the row they wait behind (rows of one aggregate are
-    published in order, so one stuck row holds up the rest of its aggregate)
-    and the last publish error a relayer recorded for them;
+  - rows pending longer than --stuck-after are stuck, and so, whatever their
+    age, are held rows (a relayer recorded a permanent failure: the broker
+    refused the row, or the relayer could not decode it) and the rows of their
+    aggregates waiting behind them: they are listed with
+    id, aggregate, type, age, the row they wait behind (rows of one aggregate
+    are published in order, so one stuck row holds up the rest of its
+    aggregate), and for held rows the reason, the error, the attempts and
+    when a relayer tries again;
   - the lag (age of the oldest pending row) must stay under --max-lag.
 
 It exits 0 when healthy and 1 when a row is stuck or the lag is over the SLO,
 so it drops into cron or a Kubernetes probe. --json prints the report for
 scripts (the exit code is the same).
 
-A stuck row with no recorded error was never refused by a relayer: check that
-one is running ('outbox stats' shows the dispatch rate) and its logs.`,
+A held row stays until it is published: fix the cause and run 'outbox events
+retry ID --yes', or 'outbox events park ID --reason ... --yes' to let the rest
+of its aggregate go (see 'outbox events --help'). A row that waits behind
+another ("WAITS FOR") is held up by that row: look at it first. A stuck row
+with neither was never refused by a relayer: check that one is running
+('outbox stats' shows the dispatch rate) and its logs.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if cfg.StuckAfter <= 0 || cfg.MaxLag <= 0 {
@@ -65,7 +74,7 @@ one is running ('outbox stats' shows the dispatch rate) and its logs.`,
 			}
 			var why []string
 			if rep.Lag.Stuck > 0 {
-				why = append(why, fmt.Sprintf("%d row(s) pending longer than %s", rep.Lag.Stuck, rep.StuckAfter))
+				why = append(why, fmt.Sprintf("%d row(s) stuck (%d held; the rest wait behind them or were pending longer than %s)", rep.Lag.Stuck, rep.Held, rep.StuckAfter))
 			}
 			if rep.LagBreached {
 				why = append(why, fmt.Sprintf("lag %s is over the %s SLO", fmtAge(rep.OldestPendingAge), rep.MaxLag))
@@ -86,24 +95,31 @@ func printReport(g *globals, t outbox.Tables, rep ops.Report) error {
 	if rep.LagBreached {
 		slo = "BREACHED"
 	}
-	fmt.Fprintf(g.stdout, "outbox %s: %d pending, oldest %s (lag SLO %s: %s), %d stuck (pending > %s)\n",
-		t.OutboxIdent(), rep.Pending, fmtAge(rep.OldestPendingAge), rep.MaxLag, slo, rep.Lag.Stuck, rep.StuckAfter)
+	fmt.Fprintf(g.stdout, "outbox %s: %d pending, oldest %s (lag SLO %s: %s), %d stuck (pending > %s, or held, or behind a held row), %d held %s\n",
+		t.OutboxIdent(), rep.Pending, fmtAge(rep.OldestPendingAge), rep.MaxLag, slo, rep.Lag.Stuck, rep.StuckAfter, rep.Held, fmtHeld(rep.Lag))
 	if len(rep.Stuck) == 0 {
 		return nil
 	}
 	fmt.Fprintln(g.stdout)
 	w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tAGGREGATE\tTYPE\tAGE\tWAITS FOR\tATTEMPTS\tLAST ERROR")
+	fmt.Fprintln(w, "ID\tAGGREGATE\tTYPE\tAGE\tWAITS FOR\tREASON\tATTEMPTS\tRETRY\tLAST ERROR")
 	for _, s := range rep.Stuck {
-		waits, attempts, lastErr := "-", "-", "-"
+		waits, reason, attempts, retry, lastErr := "-", "-", "-", "-", "-"
 		if s.BlockedBy != 0 {
 			waits = fmt.Sprint(s.BlockedBy)
 		}
 		if s.LastError != "" {
-			attempts = fmt.Sprint(s.Attempts)
-			lastErr = oneLine(s.LastError)
+			reason, attempts, lastErr = s.Reason, fmt.Sprint(s.Attempts), oneLine(s.LastError)
+			switch {
+			case s.HeldUntil.IsZero():
+				retry = "lifted"
+			case s.HeldUntil.After(time.Now()):
+				retry = "in " + fmtAge(time.Until(s.HeldUntil))
+			default:
+				retry = "due"
+			}
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.AggregateID, s.Type, fmtAge(s.Age), waits, attempts, lastErr)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.AggregateID, clipText(s.Type, 60), fmtAge(s.Age), waits, reason, attempts, retry, clipText(lastErr, 300))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -124,7 +140,9 @@ func reportJSON(t outbox.Tables, rep ops.Report) map[string]any {
 			"created_at":   timeOrNil(s.CreatedAt),
 			"age_seconds":  s.Age.Seconds(),
 			"blocked_by":   nil,
+			"reason":       nil,
 			"last_error":   nil,
+			"held_until":   timeOrNil(s.HeldUntil),
 			"attempts":     s.Attempts,
 			"failed_at":    timeOrNil(s.FailedAt),
 		}
@@ -132,6 +150,7 @@ func reportJSON(t outbox.Tables, rep ops.Report) map[string]any {
 			row["blocked_by"] = s.BlockedBy
 		}
 		if s.LastError != "" {
+			row["reason"] = s.Reason
 			row["last_error"] = s.LastError
 		}
 		rows = append(rows, row)
@@ -145,6 +164,17 @@ func reportJSON(t outbox.Tables, rep ops.Report) map[string]any {
 		"lag_breached":               rep.LagBreached,
 		"stuck":                      rep.Lag.Stuck,
 		"stuck_after_seconds":        rep.StuckAfter.Seconds(),
+		"held":                       rep.Held,
+		"held_by_reason":             rep.HeldByReason,
 		"stuck_rows":                 rows,
 	}
+}
+
+// clipText shortens s to at most n bytes (on a rune boundary), marking the
+// cut: a table row stays one line even for a 2 MB type or error.
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "..."
 }

@@ -3,26 +3,27 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/relay"
 )
 
-// Header names the relayer sets on every record.
+// Header names the relayer sets on every record: the wire contract, whose
+// home is the root package (outbox.HeaderEventID, ...).
 const (
-	HeaderEventID     = "event_id"
-	HeaderEventType   = "event_type"
-	HeaderContentType = "content-type"
-	// HeaderEventSource names the outbox a record came from, when the
-	// publisher is given a Source. event_id is unique only within one
-	// outbox; consumers make (source, event_id) their dedupe key.
-	HeaderEventSource = "event_source"
+	HeaderEventID     = outbox.HeaderEventID
+	HeaderEventType   = outbox.HeaderEventType
+	HeaderContentType = outbox.HeaderContentType
+	HeaderEventSource = outbox.HeaderEventSource
 )
 
 // Defaults for producer options that matter to the relayer.
@@ -63,39 +64,78 @@ func ProducerOptions() []kgo.Opt {
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
-	// Source, when set, goes into every record's event_source header.
-	// Defaults to "" (no header).
+	// Source, when set, goes into every record's event_source header. Keep
+	// it to outbox.MaxSourceLen bytes: Emit sizes events for a source of at
+	// most that. Defaults to "" (no header).
 	Source string
+	// MaxMessageBytes, when positive, is the largest record batch every
+	// topic is taken to accept, instead of each topic's max.message.bytes
+	// as the broker reports it (read with DescribeConfigs, cached for 5
+	// minutes; the broker's message.max.bytes for a topic that sets none).
+	// Set it when the relayer may not describe configurations. Defaults to
+	// 0 (ask the broker).
+	MaxMessageBytes int
 }
 
 // Publisher is a relay.Publisher on a franz-go client. The client should
-// be built with ProducerOptions (NewPublisherClient does that).
+// be built with NewPublisherClient.
+//
+// A failure belongs to the record that caused it. A record larger than its
+// topic accepts is refused before it is sent. When the broker refuses a
+// whole produce request (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE,
+// INVALID_RECORD apply to a partition's whole batch), its records are sent
+// again in halves, down to single records, so that only the culprit fails
+// and the records that shared its request go through; records after a
+// failed one of their aggregate are not sent, so nothing overtakes it.
 type Publisher struct {
 	client *kgo.Client
 	source string
+	limits *topicLimits
 }
 
-// NewPublisher wraps client.
+// NewPublisher wraps client. On a client from NewPublisherClient, produce
+// batches are sized per topic by the limits the Publisher learns; on
+// another, by that client's ProducerBatchMaxBytes, and requests the broker
+// refuses as too large are split as described above.
 func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
-	return &Publisher{client: client, source: cfg.Source}
+	lim, ok := limitsOf(client)
+	if !ok {
+		lim = newTopicLimits()
+		lim.bind(client)
+	}
+	lim.override = max(cfg.MaxMessageBytes, 0)
+	return &Publisher{client: client, source: cfg.Source, limits: lim}
 }
 
-// NewPublisherClient builds a franz-go client for publishing from cfg.
+// NewPublisherClient builds a franz-go client for publishing from cfg:
+// ProducerOptions, manual flushing, and produce batches capped per topic
+// at the limit a Publisher on it learns from the broker.
 func NewPublisherClient(cfg ClientConfig) (*kgo.Client, error) {
 	opts, err := cfg.Options()
 	if err != nil {
 		return nil, err
 	}
-	return kgo.NewClient(append(append(ProducerOptions(), kgo.ManualFlushing()), opts...)...)
+	lim := newTopicLimits()
+	opts = append(append(ProducerOptions(), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes)), opts...)
+	client, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, err
+	}
+	lim.bind(client)
+	registerLimits(client, lim)
+	return client, nil
 }
 
-// Record builds the Kafka record for one outbox message.
+// Record builds the Kafka record for one outbox message. The message's own
+// headers never shadow the relayer's: the relayer refuses a row whose
+// headers use a reserved name, and Record drops such a header if one gets
+// here anyway.
 func Record(m relay.Message, source string) *kgo.Record {
 	hdrs := make([]kgo.RecordHeader, 0, 4+len(m.Headers))
 	hdrs = append(hdrs,
 		kgo.RecordHeader{Key: HeaderEventID, Value: strconv.AppendInt(nil, m.ID, 10)},
 		kgo.RecordHeader{Key: HeaderEventType, Value: []byte(m.Type)},
-		kgo.RecordHeader{Key: HeaderContentType, Value: []byte("application/json")},
+		kgo.RecordHeader{Key: HeaderContentType, Value: []byte(outbox.ContentTypeJSON)},
 	)
 	if source != "" {
 		hdrs = append(hdrs, kgo.RecordHeader{Key: HeaderEventSource, Value: []byte(source)})
@@ -103,7 +143,9 @@ func Record(m relay.Message, source string) *kgo.Record {
 	if len(m.Headers) > 0 {
 		keys := make([]string, 0, len(m.Headers))
 		for k := range m.Headers {
-			keys = append(keys, k)
+			if !outbox.IsReservedHeader(k) {
+				keys = append(keys, k)
+			}
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
@@ -122,20 +164,53 @@ func Record(m relay.Message, source string) *kgo.Record {
 	}
 }
 
-// Publish buffers every record of msgs, then flushes and waits for every
-// acknowledgement. Buffering the whole batch first keeps per-aggregate
-// order when a produce request fails for good: franz-go then fails every
-// record it holds for that partition and starts the partition afresh, so a
-// record appended after the failure would be written ahead of its failed
-// predecessors. That needs a client with kgo.ManualFlushing, as
-// NewPublisherClient builds; on other clients Publish works without the
-// protection.
+// errNotSent marks a record left unsent because an earlier record of its
+// aggregate failed in the same batch.
+var errNotSent = errors.New("not sent: an earlier record of its aggregate failed")
+
+// Publish refuses the records larger than their topic accepts, sends the
+// rest and waits for every acknowledgement, splitting requests the broker
+// refuses as a whole (see Publisher).
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 	errs := make([]error, len(msgs))
+	limits := p.limits.lookup(ctx, topicsOf(msgs))
+	var failed map[uuid.UUID]bool
+	send := make([]int, 0, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		if failed[m.AggregateID] {
+			errs[i] = errNotSent
+			continue
+		}
+		lim := limits[m.Topic]
+		if size := outbox.RecordSize(m.ID, m.Type, len(m.Payload), m.Headers, p.source); size > lim.bytes {
+			errs[i] = relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
+				"%w: the record is %d bytes (payload %d); topic %q accepts at most %d (%s). Raise the topic's max.message.bytes and retry the row ('outbox events retry'), or park it",
+				kerr.MessageTooLarge, size, len(m.Payload), m.Topic, lim.bytes, lim.from))
+			if failed == nil {
+				failed = map[uuid.UUID]bool{}
+			}
+			failed[m.AggregateID] = true
+			continue
+		}
+		send = append(send, i)
+	}
+	p.send(ctx, msgs, send, errs)
+	return errs
+}
+
+// send produces the records of msgs at idx (ascending), waits for them and
+// sets their results in errs. Records of a request the broker refused as a
+// whole are sent again in two halves, one after the other, until a single
+// record is left to take the error: the culprit.
+func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
+	if len(idx) == 0 {
+		return
+	}
 	var wg sync.WaitGroup
-	wg.Add(len(msgs))
-	for i, m := range msgs {
-		p.client.Produce(ctx, Record(m, p.source), func(_ *kgo.Record, err error) {
+	wg.Add(len(idx))
+	for _, i := range idx {
+		p.client.Produce(ctx, Record(msgs[i], p.source), func(_ *kgo.Record, err error) {
 			if err != nil {
 				errs[i] = Classify(err)
 			}
@@ -148,19 +223,79 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
 	}
 	wg.Wait()
-	return errs
+	if len(idx) == 1 || ctx.Err() != nil {
+		return
+	}
+	var again []int
+	for _, i := range idx {
+		if refusedAsBatch(errs[i]) {
+			errs[i] = nil
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return
+	}
+	again = notBehindFailure(msgs, idx, again, errs)
+	half := len(again) / 2
+	p.send(ctx, msgs, again[:half], errs)
+	p.send(ctx, msgs, notBehindFailure(msgs, again[:half], again[half:], errs), errs)
 }
 
-// Classify wraps errors that retrying cannot fix with relay.Permanent.
-func Classify(err error) error {
-	for _, perm := range []error{
-		kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException,
-		kerr.TopicAuthorizationFailed, kerr.InvalidRecord, kerr.UnknownTopicOrPartition,
-		kerr.PolicyViolation,
-	} {
-		if errors.Is(err, perm) {
-			return relay.Permanent(err)
+// notBehindFailure returns the records of next whose aggregate has no
+// failed record in done; the others are marked not sent. (A record of next
+// may also be in done: its own error is nil by then.)
+func notBehindFailure(msgs []relay.Message, done, next []int, errs []error) []int {
+	var failed map[uuid.UUID]bool
+	for _, i := range done {
+		if errs[i] != nil {
+			if failed == nil {
+				failed = map[uuid.UUID]bool{}
+			}
+			failed[msgs[i].AggregateID] = true
 		}
+	}
+	if failed == nil {
+		return next
+	}
+	out := next[:0:0]
+	for _, i := range next {
+		if failed[msgs[i].AggregateID] {
+			errs[i] = errNotSent
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+// refusedAsBatch reports errors a broker gives a partition's whole record
+// batch for what may be one record in it.
+func refusedAsBatch(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) || errors.Is(err, kerr.InvalidRecord)
+}
+
+func topicsOf(msgs []relay.Message) []string {
+	var topics []string
+	for i := range msgs {
+		if !slices.Contains(topics, msgs[i].Topic) {
+			topics = append(topics, msgs[i].Topic)
+		}
+	}
+	return topics
+}
+
+// Classify wraps errors that retrying cannot fix with relay.PermanentReason.
+func Classify(err error) error {
+	switch {
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+		return relay.PermanentReason(relay.ReasonTooLarge, err)
+	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.UnknownTopicOrPartition):
+		return relay.PermanentReason(relay.ReasonInvalidTopic, err)
+	case errors.Is(err, kerr.TopicAuthorizationFailed):
+		return relay.PermanentReason(relay.ReasonNotAuthorized, err)
+	case errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.PolicyViolation):
+		return relay.PermanentReason(relay.ReasonBrokerRefused, err)
 	}
 	return err
 }

@@ -32,6 +32,9 @@ type Metrics struct {
 	latency       prometheus.Histogram
 
 	pending, oldestAge, stuck, lagBreached prometheus.Gauge
+	held                                   *prometheus.GaugeVec
+	oldestHeld                             prometheus.Gauge
+	holds                                  *prometheus.CounterVec
 	refreshErrors                          prometheus.Counter
 
 	cleanupDeleted *prometheus.CounterVec
@@ -55,7 +58,7 @@ type publishRecord struct {
 // names.
 const (
 	// CodeRejectedByRelay: the relayer refused the row before sending it
-	// (payload over its MaxPayloadBytes, type routing to no valid topic).
+	// (headers it cannot decode, a type routing to no valid topic).
 	CodeRejectedByRelay = "rejected_by_relay"
 	codeTimeout         = "timeout"
 	codeRetries         = "retries_exhausted"
@@ -104,6 +107,15 @@ func NewMetrics() *Metrics {
 	m.oldestAge = gauge("outbox_oldest_pending_age_seconds", "Age of the oldest pending event: the dispatch lag.")
 	m.stuck = gauge("outbox_stuck_events", "Events pending longer than the stuck-after threshold.")
 	m.lagBreached = gauge("outbox_lag_slo_breached", "1 while the oldest pending event is older than the lag SLO (max-lag), else 0.")
+	m.held = f(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "outbox_held_events",
+		Help: "Pending events whose last attempt failed for good, by reason (too_large, undecodable, invalid_topic, reserved_header, not_authorized, broker_refused): each holds up the rest of its aggregate until retried or parked ('outbox events'). Read from the database, so every replica reports the same figure.",
+	}, []string{"reason"})).(*prometheus.GaugeVec)
+	m.oldestHeld = gauge("outbox_oldest_held_age_seconds", "How long the longest-held event has been failing (since its first recorded failure); 0 when none is held.")
+	m.holds = f(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "outbox_holds_total",
+		Help: "Holds this relayer recorded (a row that failed for good, each attempt), by reason.",
+	}, []string{"reason"})).(*prometheus.CounterVec)
 	m.refreshErrors = f(prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "outbox_stats_refresh_errors_total",
 		Help: "Failed reads of the pending/lag/stuck gauges; while they fail the gauges keep their last value.",
@@ -240,6 +252,9 @@ func (m *Metrics) ObserveBatch(res relay.BatchResult) {
 			m.publishErrors.WithLabelValues("permanent", CodeRejectedByRelay).Add(float64(local))
 		}
 	}
+	for _, h := range res.Holds {
+		m.holds.WithLabelValues(h.Reason).Inc()
+	}
 	m.batchSize.Observe(float64(res.Claimed))
 	m.batchDuration.Observe(res.Duration.Seconds())
 	for _, l := range res.Latencies {
@@ -247,15 +262,10 @@ func (m *Metrics) ObserveBatch(res relay.BatchResult) {
 	}
 }
 
-// ObserveRelayer adds metrics read from the relayer on each scrape: the
-// rows it holds out after permanent failures, and its batch counters.
-// Call it once per Metrics.
+// ObserveRelayer adds metrics read from the relayer on each scrape: its
+// batch counters. Call it once per Metrics.
 func (m *Metrics) ObserveRelayer(r *relay.Relayer) {
 	m.reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "outbox_held_out_events",
-			Help: "Events this relayer holds out of claims after a permanent failure (the rest of their aggregate waits behind them).",
-		}, func() float64 { return float64(len(r.Held())) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "outbox_batches_total",
 			Help: "Batches this relayer committed.",
@@ -272,6 +282,11 @@ func (m *Metrics) SetLag(l Lag, maxLag time.Duration) {
 	m.pending.Set(float64(l.Pending))
 	m.stuck.Set(float64(l.Stuck))
 	m.oldestAge.Set(l.OldestPendingAge.Seconds())
+	m.held.Reset()
+	for reason, n := range l.HeldByReason {
+		m.held.WithLabelValues(reason).Set(float64(n))
+	}
+	m.oldestHeld.Set(l.OldestHeldAge.Seconds())
 	breached := 0.0
 	if l.OldestPendingAge > maxLag {
 		breached = 1

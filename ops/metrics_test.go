@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +34,6 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	rcfg := b.relayConfig(t, cl)
-	rcfg.MaxPayloadBytes = 1024
 	rcfg.HoldOut = 300 * time.Millisecond
 	mon.Instrument(&rcfg)
 	r, err := relay.New(rcfg)
@@ -59,15 +57,18 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	require.False(t, ok, "nothing is dispatched yet")
 	require.Zero(t, m.must(t, "outbox_commit_to_publish_seconds"))
 
-	// Two rows that cannot go: the broker refuses the "audit" topic's
-	// record as too large for it (MESSAGE_TOO_LARGE), the relayer refuses
-	// a payload over its own 1 KiB limit. The audit payload is random, so
-	// compression cannot shrink it under the topic's 200 bytes.
+	// Two rows that cannot go: the "audit" topic's record is too large for
+	// it (the publisher learns the topic's 200 bytes from the broker and
+	// refuses it as MESSAGE_TOO_LARGE), and a row written by hand with a
+	// header that is not a string, which the relayer refuses itself. The
+	// audit payload is random, so compression could not have saved it.
 	require.NoError(t, b.broker.CreateTopic("audit", 3, map[string]string{"max.message.bytes": "200"}))
 	noise := make([]byte, 300)
 	_, _ = rand.Read(noise)
 	auditID := b.emit(t, uuid.New(), "audit.logged", map[string]string{"blob": hex.EncodeToString(noise)})
-	bigID := b.emit(t, uuid.New(), "order.placed", map[string]string{"blob": strings.Repeat("x", 2048)})
+	var bigID int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "INSERT INTO "+b.db.Tables.OutboxIdent()+
+		` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '{}', '{"retries": 3}') RETURNING id`, uuid.New()).Scan(&bigID))
 
 	runRelayer(t, r)
 	const load = 300
@@ -83,8 +84,12 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		m, err := tryScrape(srv.URL)
 		require.NoError(c, err)
-		sawHeld = sawHeld || m.val("outbox_held_out_events") == 2
-		assert.True(c, sawHeld, "both refused rows held out")
+		sawHeld = sawHeld || m.val("outbox_held_events", "reason", relay.ReasonTooLarge) == 1 && m.val("outbox_held_events", "reason", relay.ReasonUndecodable) == 1
+		assert.True(c, sawHeld, "both refused rows held, each with its reason")
+		assert.Equal(c, 2.0, m.val("outbox_stuck_events"), "held rows are stuck at once")
+		assert.Positive(c, m.val("outbox_oldest_held_age_seconds"))
+		assert.GreaterOrEqual(c, m.val("outbox_holds_total", "reason", relay.ReasonTooLarge), 1.0)
+		assert.GreaterOrEqual(c, m.val("outbox_holds_total", "reason", relay.ReasonUndecodable), 1.0)
 		assert.Equal(c, healthy, m.val("outbox_events_dispatched_total"))
 		assert.GreaterOrEqual(c, m.val("outbox_publish_errors_total", "kind", "permanent", "code", "MESSAGE_TOO_LARGE"), 1.0)
 		assert.GreaterOrEqual(c, m.val("outbox_publish_errors_total", "kind", "permanent", "code", ops.CodeRejectedByRelay), 1.0)
@@ -102,7 +107,9 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		require.NoError(c, err)
 		assert.Zero(c, m.val("outbox_pending_events"))
 		assert.Zero(c, m.val("outbox_oldest_pending_age_seconds"))
-		assert.Zero(c, m.val("outbox_held_out_events"))
+		assert.Zero(c, m.val("outbox_held_events", "reason", relay.ReasonTooLarge))
+		assert.Zero(c, m.val("outbox_held_events", "reason", relay.ReasonUndecodable))
+		assert.Zero(c, m.val("outbox_oldest_held_age_seconds"))
 	}, 20*time.Second, 50*time.Millisecond, "pending gauge did not drop to 0 after draining")
 
 	m = scrape(t, srv.URL)

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -63,8 +62,9 @@ type ReadyCheck struct {
 
 // Monitor runs what a relay process runs beside the relayer: Prometheus
 // metrics, /healthz and /readyz, the gauges' refresh, the periodic
-// watchdog, the recording of publish failures for `outbox watchdog`, and
-// retention cleanup.
+// watchdog and retention cleanup. (The relayer records its own holds in the
+// failures table, where the gauges, the watchdog and `outbox events` read
+// them.)
 //
 //	mon, _ := ops.NewMonitor(ops.MonitorConfig{Pool: pool, Tables: tables})
 //	mon.Instrument(&relayCfg) // after setting relayCfg.Publisher
@@ -73,10 +73,9 @@ type ReadyCheck struct {
 //	go mon.Run(ctx)
 //	http.ListenAndServe("127.0.0.1:9090", mon.Handler())
 type Monitor struct {
-	cfg      MonitorConfig
-	metrics  *Metrics
-	log      *slog.Logger
-	recorder atomic.Pointer[FailureRecorder]
+	cfg     MonitorConfig
+	metrics *Metrics
+	log     *slog.Logger
 }
 
 // NewMonitor validates cfg and applies its defaults.
@@ -136,21 +135,16 @@ func (m *Monitor) Instrument(rc *relay.Config) {
 	prev := rc.OnBatch
 	rc.OnBatch = func(res relay.BatchResult) {
 		m.metrics.ObserveBatch(res)
-		if rec := m.recorder.Load(); rec != nil && res.Permanent > 0 {
-			rec.Notify()
-		}
 		if prev != nil {
 			prev(res)
 		}
 	}
 }
 
-// Attach adds the relayer's own figures (held-out rows, batch counters) to
-// the metrics and records its permanent failures for the watchdog. Call it
+// Attach adds the relayer's own batch counters to the metrics. Call it
 // once, before Run.
 func (m *Monitor) Attach(r *relay.Relayer) {
 	m.metrics.ObserveRelayer(r)
-	m.recorder.Store(NewFailureRecorder(m.cfg.Pool, m.cfg.Tables, r.Held, m.log))
 }
 
 // Run runs the periodic jobs until ctx is cancelled. Failures are logged
@@ -159,9 +153,6 @@ func (m *Monitor) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { m.every(ctx, m.cfg.RefreshInterval, m.refresh) })
 	wg.Go(func() { m.every(ctx, m.cfg.WatchdogInterval, m.watchdog) })
-	if rec := m.recorder.Load(); rec != nil {
-		wg.Go(func() { rec.Run(ctx, m.cfg.RefreshInterval) })
-	}
 	if !m.cfg.DisableCleanup {
 		wg.Go(func() { m.every(ctx, m.cfg.CleanupInterval, m.cleanup) })
 	}
@@ -222,7 +213,7 @@ func (m *Monitor) watchdog(ctx context.Context) {
 				args = append(args, "blocked_by", s.BlockedBy)
 			}
 			if s.LastError != "" {
-				args = append(args, "last_error", s.LastError, "attempts", s.Attempts)
+				args = append(args, "reason", s.Reason, "last_error", s.LastError, "attempts", s.Attempts)
 			}
 			m.log.Warn("stuck outbox row", args...)
 		}

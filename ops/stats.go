@@ -29,27 +29,52 @@ type Lag struct {
 	// Pending rows are committed and not yet dispatched.
 	Pending int64
 	// Stuck rows have been pending longer than the StuckAfter they were
-	// read with.
+	// read with, or cannot move until someone acts: held rows and the rows
+	// of their aggregates behind them count as stuck at once.
 	Stuck int64
 	// OldestPendingAge is now() - created_at of the oldest pending row: the
 	// dispatch lag. Zero when nothing is pending.
 	OldestPendingAge time.Duration
+	// Held counts pending rows whose last attempt failed for good (the
+	// broker refused them, or the relayer could not decode them): each holds
+	// up the rest of its aggregate until it is retried successfully or
+	// parked. HeldByReason splits them by reason code (relay.Reason*).
+	Held         int64
+	HeldByReason map[string]int64
+	// OldestHeldAge is how long the longest-held row has been failing
+	// (since its first recorded failure). Zero when nothing is held.
+	OldestHeldAge time.Duration
 }
+
+// heldRowsSQL is what makes a pending row held: a failures row (one per
+// event, primary key event_id) recorded since the row last became pending.
+// A failure older than created_at belongs to an earlier life of the row:
+// `outbox events replay` sets created_at anew. The failures table is tiny
+// and each of its rows finds its outbox row by primary key.
+const heldRowsSQL = `SELECT f.event_id, o.aggregate_id, f.reason, f.first_failed_at FROM {{failures}} f JOIN {{outbox}} o ON o.id = f.event_id
+  WHERE o.dispatched_at IS NULL AND f.failed_at >= o.created_at`
 
 // lagSQL reads only pending rows, through the partial index (id) WHERE
 // dispatched_at IS NULL: its cost follows the backlog, not the table, so it
 // is cheap enough to run every few seconds. min(created_at), not the
 // created_at of the lowest id: ids are taken at insert and created_at at
 // transaction start, so a long transaction can hold an older row at a
-// higher id. $1 is StuckAfter in microseconds.
-const lagSQL = `SELECT
+// higher id. Held rows, and the rows of their aggregates (all behind
+// them: a held row is its aggregate's oldest pending row), are stuck at
+// once, whatever their age. $1 is StuckAfter in microseconds.
+const lagSQL = `WITH held AS MATERIALIZED (SELECT coalesce(array_agg(aggregate_id), '{}') AS aggs FROM (` + heldRowsSQL + `) h)
+SELECT
   count(*),
-  count(*) FILTER (WHERE created_at < now() - $1::bigint * interval '1 microsecond'),
+  count(*) FILTER (WHERE created_at < now() - $1::bigint * interval '1 microsecond' OR aggregate_id = ANY((SELECT aggs FROM held)::uuid[])),
   coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
 FROM {{outbox}} WHERE dispatched_at IS NULL`
 
-// ReadLag reads the pending, stuck and lag figures: the query behind the
-// relay's gauges and the watchdog's SLO check.
+// heldSQL counts held rows by reason, with the oldest first failure.
+const heldSQL = `SELECT reason, count(*), extract(epoch FROM now() - min(first_failed_at))::float8
+FROM (` + heldRowsSQL + `) h GROUP BY reason`
+
+// ReadLag reads the pending, stuck, held and lag figures: the queries
+// behind the relay's gauges and the watchdog's SLO check.
 func ReadLag(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter time.Duration) (Lag, error) {
 	var l Lag
 	var ageSec float64
@@ -58,6 +83,25 @@ func ReadLag(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter t
 		return l, fmt.Errorf("ops: read pending rows of %s: %w", tables.OutboxIdent(), err)
 	}
 	l.OldestPendingAge = seconds(ageSec)
+	rows, err := db.Query(ctx, render(heldSQL, tables))
+	if err != nil {
+		return l, fmt.Errorf("ops: read held rows of %s: %w", tables.OutboxIdent(), err)
+	}
+	var (
+		reason string
+		n      int64
+		oldest float64
+	)
+	l.HeldByReason = map[string]int64{}
+	_, err = pgx.ForEachRow(rows, []any{&reason, &n, &oldest}, func() error {
+		l.Held += n
+		l.HeldByReason[reason] = n
+		l.OldestHeldAge = max(l.OldestHeldAge, seconds(oldest))
+		return nil
+	})
+	if err != nil {
+		return l, fmt.Errorf("ops: read held rows of %s: %w", tables.OutboxIdent(), err)
+	}
 	return l, nil
 }
 
@@ -66,9 +110,6 @@ type Stats struct {
 	Lag
 	// StuckAfter is the threshold Lag.Stuck was counted with.
 	StuckAfter time.Duration
-	// KnownFailures counts pending rows for which a relayer recorded a
-	// permanent publish failure (see Watchdog).
-	KnownFailures int64
 	// DispatchedLastMinute and DispatchedLastHour count rows dispatched in
 	// those windows, among the rows created in the last RateWindow (there is
 	// no index on dispatched_at, so the count walks the primary key over
@@ -103,11 +144,6 @@ const tableSQL = `SELECT pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = $1::regclass`
 
-// knownFailuresSQL joins the (small) failures table to pending rows by
-// primary key.
-const knownFailuresSQL = `SELECT count(*) FROM {{failures}} f JOIN {{outbox}} o ON o.id = f.event_id
-WHERE o.dispatched_at IS NULL`
-
 // ReadStats reads the snapshot. It runs a handful of short queries, none of
 // which scans the whole table.
 func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter time.Duration) (Stats, error) {
@@ -139,9 +175,6 @@ func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter
 	}
 	if lastAuto != nil {
 		s.LastAutovacuum = *lastAuto
-	}
-	if err := db.QueryRow(ctx, render(knownFailuresSQL, tables)).Scan(&s.KnownFailures); err != nil {
-		return s, wrap("recorded failures", err)
 	}
 	return s, nil
 }

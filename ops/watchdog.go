@@ -54,7 +54,8 @@ func (c WatchdogConfig) withDefaults() (WatchdogConfig, error) {
 	return c, nil
 }
 
-// StuckRow is a row pending longer than the watchdog's StuckAfter.
+// StuckRow is a row pending longer than the watchdog's StuckAfter, or held
+// after a permanent failure, or waiting behind a held row.
 type StuckRow struct {
 	ID          int64
 	AggregateID uuid.UUID
@@ -65,14 +66,17 @@ type StuckRow struct {
 	// is another row: this one waits behind it to keep the aggregate's
 	// order, and the cause is there. Zero when this row is the head.
 	BlockedBy int64
-	// LastError is the last permanent publish failure a relayer recorded
-	// for this row, with its time and the number of failed attempts
-	// recorded. Empty when none is known: no relayer tried it (is one
-	// running?), or its failures were transient (broker or network; see the
-	// relay's logs and outbox_publish_errors_total).
-	LastError string
-	Attempts  int
-	FailedAt  time.Time
+	// Reason and LastError are the permanent failure a relayer recorded
+	// for this row (it is held), with its time, the number of failed
+	// attempts recorded and when it is tried again (zero once an operator
+	// lifted the hold). Empty when none is known: this row waits behind
+	// BlockedBy, or no relayer tried it (is one running?), or its failures
+	// were transient (broker or network; see the relay's logs and
+	// outbox_publish_errors_total).
+	Reason, LastError string
+	Attempts          int
+	FailedAt          time.Time
+	HeldUntil         time.Time
 }
 
 // Report is what the watchdog found.
@@ -90,17 +94,20 @@ type Report struct {
 func (r Report) Healthy() bool { return r.Lag.Stuck == 0 && !r.LagBreached }
 
 // stuckSQL is the seed's watchdog query with what an operator needs next:
-// the recorded error and the row an aggregate waits behind. It walks the
+// the recorded failure and the row an aggregate waits behind. It walks the
 // pending index in id order and stops at the limit; BlockedBy walks the same
 // index from its start to the aggregate's first pending row, which is no
-// later than the stuck row itself (a short walk: stuck rows are old).
-// $1 StuckAfter in microseconds, $2 limit.
-const stuckSQL = `SELECT o.id, o.aggregate_id, o.type, o.created_at,
+// later than the stuck row itself. Held rows (heldRowsSQL) and the rows of
+// their aggregates are stuck whatever their age, as in lagSQL. $1
+// StuckAfter in microseconds, $2 limit.
+const stuckSQL = `WITH held AS MATERIALIZED (SELECT coalesce(array_agg(aggregate_id), '{}') AS aggs FROM (` + heldRowsSQL + `) h)
+SELECT o.id, o.aggregate_id, o.type, o.created_at,
   extract(epoch FROM now() - o.created_at)::float8,
   (SELECT min(p.id) FROM {{outbox}} p WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL),
-  f.error, f.attempts, f.failed_at
-FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id
-WHERE o.dispatched_at IS NULL AND o.created_at < now() - $1::bigint * interval '1 microsecond'
+  f.reason, f.error, f.attempts, f.failed_at, f.held_until
+FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id AND f.failed_at >= o.created_at
+WHERE o.dispatched_at IS NULL
+  AND (o.created_at < now() - $1::bigint * interval '1 microsecond' OR o.aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
 ORDER BY o.id
 LIMIT $2`
 
@@ -127,10 +134,10 @@ func Check(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) 
 		var s StuckRow
 		var age float64
 		var head int64
-		var lastErr *string
+		var reason, lastErr *string
 		var attempts *int
-		var failedAt *time.Time
-		if err := r.Scan(&s.ID, &s.AggregateID, &s.Type, &s.CreatedAt, &age, &head, &lastErr, &attempts, &failedAt); err != nil {
+		var failedAt, heldUntil *time.Time
+		if err := r.Scan(&s.ID, &s.AggregateID, &s.Type, &s.CreatedAt, &age, &head, &reason, &lastErr, &attempts, &failedAt, &heldUntil); err != nil {
 			return s, err
 		}
 		s.Age = seconds(age)
@@ -138,7 +145,10 @@ func Check(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) 
 			s.BlockedBy = head
 		}
 		if lastErr != nil {
-			s.LastError, s.Attempts, s.FailedAt = *lastErr, *attempts, *failedAt
+			s.Reason, s.LastError, s.Attempts, s.FailedAt = *reason, *lastErr, *attempts, *failedAt
+			if heldUntil != nil {
+				s.HeldUntil = *heldUntil
+			}
 		}
 		return s, nil
 	})

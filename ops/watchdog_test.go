@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/ops"
-	"github.com/pgoutbox/outbox/relay"
 )
 
 // insertRow writes a row by raw SQL with the given age and, when
@@ -40,9 +40,11 @@ func micros(d *time.Duration) *int64 {
 
 const pending = -1 // insertRow's dispatchedAgo for a pending row
 
-// The watchdog lists stuck rows in id order with the error a relayer
+// The watchdog lists stuck rows in id order with the failure a relayer
 // recorded, names the row a stuck row waits behind, checks the lag SLO, and
-// counts all stuck rows while listing at most Limit.
+// counts all stuck rows while listing at most Limit. A held row is stuck
+// at once, however young; a failure older than the row's current life (it
+// was replayed since) holds nothing.
 func TestCheckListsStuckRowsWithTheirError(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -52,37 +54,45 @@ func TestCheckListsStuckRowsWithTheirError(t *testing.T) {
 	a1 := insertRow(t, db, a, "order.placed", 10*time.Minute, pending)
 	a2 := insertRow(t, db, a, "order.paid", 9*time.Minute, pending)
 	b1 := insertRow(t, db, b, "payment.captured", 8*time.Minute, pending)
-	insertRow(t, db, uuid.New(), "order.placed", 0, pending)
+	young := insertRow(t, db, uuid.New(), "order.placed", 0, pending)
+	stale := insertRow(t, db, uuid.New(), "order.placed", 0, pending)
 
-	// What a relayer holding a's head out would record, twice: a retry
-	// after the hold-out failed again.
+	// What relayers record: a's head failed twice (a retry after its hold
+	// failed again); the young row once, just now; the stale row's failure
+	// predates its created_at (replayed since), so it holds nothing.
 	failedAt := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
-	held := []relay.Failure{{EventID: a1, AggregateID: a, Type: "order.placed", Err: "permanent: first", At: failedAt, Until: time.Now().Add(time.Hour)}}
-	rec := ops.NewFailureRecorder(db.Pool, db.Tables, func() []relay.Failure { return held }, testLogger(t))
-	require.NoError(t, rec.Record(ctx))
-	require.NoError(t, rec.Record(ctx)) // nothing new: not counted again
-	held[0].Err, held[0].At = "permanent: payload is 2060 bytes; the limit is 1024", failedAt.Add(time.Second)
-	require.NoError(t, rec.Record(ctx))
+	_, err := db.Pool.Exec(ctx, "INSERT INTO "+migrate.FailuresIdent(db.Tables)+
+		` (event_id, aggregate_id, type, reason, error, attempts, first_failed_at, failed_at, held_until) VALUES
+		($1, $2, 'order.placed', 'too_large', 'permanent: MESSAGE_TOO_LARGE: the record is 2060 bytes', 2, $3::timestamptz - interval '1 minute', $3, now() + interval '1 hour'),
+		($4, gen_random_uuid(), 'order.placed', 'undecodable', 'permanent: headers', 1, now(), now(), NULL),
+		($5, gen_random_uuid(), 'order.placed', 'too_large', 'permanent: old', 1, now() - interval '1 day', now() - interval '1 day', NULL)`,
+		a1, a, failedAt, young, stale)
+	require.NoError(t, err)
 
 	rep, err := ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables})
 	require.NoError(t, err)
 	require.False(t, rep.Healthy())
 	require.True(t, rep.LagBreached)
-	require.Equal(t, int64(4), rep.Pending)
-	require.Equal(t, int64(3), rep.Lag.Stuck)
+	require.Equal(t, int64(5), rep.Pending)
+	require.Equal(t, int64(4), rep.Lag.Stuck)
+	require.Equal(t, int64(2), rep.Held)
+	require.Equal(t, map[string]int64{"too_large": 1, "undecodable": 1}, rep.HeldByReason)
+	require.InDelta(t, (2 * time.Minute).Seconds(), rep.OldestHeldAge.Seconds(), 30)
 	require.InDelta(t, (10 * time.Minute).Seconds(), rep.OldestPendingAge.Seconds(), 30)
 	require.Equal(t, ops.DefaultStuckAfter, rep.StuckAfter)
 	require.Equal(t, ops.DefaultMaxLag, rep.MaxLag)
-	require.Len(t, rep.Stuck, 3)
+	require.Len(t, rep.Stuck, 4)
 
 	s := rep.Stuck[0]
 	require.Equal(t, a1, s.ID)
 	require.Equal(t, a, s.AggregateID)
 	require.Equal(t, "order.placed", s.Type)
 	require.Zero(t, s.BlockedBy, "the head of its aggregate waits for nothing")
-	require.Equal(t, "permanent: payload is 2060 bytes; the limit is 1024", s.LastError)
+	require.Equal(t, "too_large", s.Reason)
+	require.Equal(t, "permanent: MESSAGE_TOO_LARGE: the record is 2060 bytes", s.LastError)
 	require.Equal(t, 2, s.Attempts)
-	require.WithinDuration(t, failedAt.Add(time.Second), s.FailedAt, time.Millisecond)
+	require.WithinDuration(t, failedAt, s.FailedAt, time.Millisecond)
+	require.True(t, s.HeldUntil.After(time.Now()))
 	require.InDelta(t, (10 * time.Minute).Seconds(), s.Age.Seconds(), 30)
 
 	require.Equal(t, a2, rep.Stuck[1].ID)
@@ -90,12 +100,22 @@ func TestCheckListsStuckRowsWithTheirError(t *testing.T) {
 	require.Empty(t, rep.Stuck[1].LastError)
 	require.Equal(t, b1, rep.Stuck[2].ID)
 	require.Zero(t, rep.Stuck[2].BlockedBy)
+	require.Equal(t, young, rep.Stuck[3].ID, "held rows are stuck at once")
+	require.Equal(t, "undecodable", rep.Stuck[3].Reason)
+	require.Zero(t, rep.Stuck[3].HeldUntil, "a lifted hold")
 
 	// Limit lists fewer, counts all; a generous threshold finds none stuck.
 	rep, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, rep.Stuck, 1)
-	require.Equal(t, int64(3), rep.Lag.Stuck)
+	require.Equal(t, int64(4), rep.Lag.Stuck)
+	rep, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, StuckAfter: time.Hour, MaxLag: time.Hour})
+	require.NoError(t, err)
+	require.False(t, rep.Healthy(), "held rows keep it unhealthy whatever the threshold")
+	require.Len(t, rep.Stuck, 3, "the held rows and the row behind one")
+	require.Equal(t, []int64{a1, a2, young}, []int64{rep.Stuck[0].ID, rep.Stuck[1].ID, rep.Stuck[2].ID})
+	_, err = db.Pool.Exec(ctx, "DELETE FROM "+migrate.FailuresIdent(db.Tables))
+	require.NoError(t, err)
 	rep, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, StuckAfter: time.Hour, MaxLag: time.Hour})
 	require.NoError(t, err)
 	require.True(t, rep.Healthy())

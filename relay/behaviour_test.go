@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/relay"
@@ -179,15 +180,16 @@ func TestPollOnlyRelayerPublishes(t *testing.T) {
 	checkDelivered(t, committed, b.consume(t, events, 20*time.Second, "order"))
 }
 
-// A row the broker can never take (here: larger than the relay's payload
-// limit, inserted behind the producer's back) stops only its own
-// aggregate: later rows of that aggregate wait behind it, in order, while
-// every other aggregate keeps flowing; Held reports it with the reason.
+// A row the broker can never take (here: larger than the broker's
+// message.max.bytes, which the publisher learns from the broker; inserted
+// behind the producer's back) stops only its own aggregate: later rows of
+// that aggregate wait behind it, in order, while every other aggregate keeps
+// flowing; the failures table holds it with the reason.
 func TestPoisonRowHoldsOnlyItsAggregate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t)
-	r := b.relayer(t, func(c *relay.Config) { c.MaxPayloadBytes = 1000 })
+	b := setup(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "2000"}))
+	r := b.relayer(t, nil)
 	poisoned := uuid.New()
 	others := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
 	healthy := map[int64]uuid.UUID{}
@@ -225,12 +227,12 @@ func TestPoisonRowHoldsOnlyItsAggregate(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return slices.Equal(pendingIDs(), []int64{poison, after}) }, 20*time.Second, 20*time.Millisecond)
 
-	held := r.Held()
+	held := b.holds(t)
 	require.Len(t, held, 1)
 	require.Equal(t, poison, held[0].EventID)
 	require.Equal(t, poisoned, held[0].AggregateID)
-	require.Contains(t, held[0].Err, "payload is")
-	require.Contains(t, held[0].Err, "the limit is 1000")
+	require.Equal(t, relay.ReasonTooLarge, held[0].Reason)
+	require.Contains(t, held[0].Err, "accepts at most 2000 (the broker's message.max.bytes)")
 	require.True(t, held[0].Until.After(time.Now()))
 	require.GreaterOrEqual(t, r.Stats().PermanentFailures, int64(1))
 

@@ -45,7 +45,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"backoff max below min", func(c *relay.Config) { c.BackoffMin, c.BackoffMax = time.Second, time.Millisecond }, []string{"BackoffMax (1ms) is below BackoffMin (1s)", "raise BackoffMax"}},
 		{"negative batch size", func(c *relay.Config) { c.BatchSize = -1 }, []string{"BatchSize is -1", "1 to 100000", "0 for the default 5000"}},
 		{"huge batch size", func(c *relay.Config) { c.BatchSize = 100_001 }, []string{"BatchSize is 100001"}},
-		{"negative payload limit", func(c *relay.Config) { c.MaxPayloadBytes = -1 }, []string{"MaxPayloadBytes is -1"}},
+		{"negative max hold out", func(c *relay.Config) { c.MaxHoldOut = -time.Minute }, []string{"MaxHoldOut is -1m0s"}},
+		{"max hold out below hold out", func(c *relay.Config) { c.HoldOut, c.MaxHoldOut = time.Hour, time.Minute }, []string{"MaxHoldOut (1m0s) is below HoldOut (1h0m0s)"}},
 		{"negative batch bytes", func(c *relay.Config) { c.MaxBatchBytes = -1 }, []string{"MaxBatchBytes is -1", "0 for the default 4 MiB"}},
 		{"topic prefix with a space", func(c *relay.Config) { c.TopicPrefix = "my prefix." }, []string{`topic prefix "my prefix."`, "letters, digits"}},
 		{"topic prefix with a slash", func(c *relay.Config) { c.TopicPrefix = "prod/" }, []string{`topic prefix "prod/"`}},
@@ -77,7 +78,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	require.Equal(t, 100*time.Millisecond, cfg.BackoffMin)
 	require.Equal(t, 30*time.Second, cfg.BackoffMax)
 	require.Equal(t, 30*time.Second, cfg.ShutdownTimeout)
-	require.Equal(t, outbox.DefaultMaxPayloadBytes, cfg.MaxPayloadBytes)
+	require.Equal(t, 30*time.Minute, cfg.MaxHoldOut)
 	require.Equal(t, outbox.Tables{}.WithDefaults(), cfg.Tables)
 	require.NotNil(t, cfg.Logger)
 

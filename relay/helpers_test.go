@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -71,6 +72,20 @@ func (b *bundle) publisher(t *testing.T, opts ...kgo.Opt) *kafka.Publisher {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	return kafka.NewPublisher(client, kafka.PublisherConfig{})
+}
+
+// holds reads the failures table: the rows relayers held, in id order.
+func (b *bundle) holds(t *testing.T) []relay.Hold {
+	t.Helper()
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT event_id, aggregate_id, type, reason, error, attempts, coalesce(held_until, 'epoch')
+		FROM `+migrate.FailuresIdent(b.db.Tables)+` ORDER BY event_id`)
+	require.NoError(t, err)
+	holds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Hold, error) {
+		var h relay.Hold
+		return h, r.Scan(&h.EventID, &h.AggregateID, &h.Type, &h.Reason, &h.Err, &h.Attempts, &h.Until)
+	})
+	require.NoError(t, err)
+	return holds
 }
 
 // run starts r in the background; the returned stop cancels it and waits.

@@ -89,7 +89,7 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 			conn, err := db.Pool.Acquire(ctx)
 			require.NoError(t, err)
 			defer conn.Release()
-			_, err = conn.Exec(ctx, "PREPARE claim_plan(int, uuid[], bigint[], bigint) AS "+relay.ClaimSQL(db.Tables))
+			_, err = conn.Exec(ctx, "PREPARE claim_plan(int, bigint[], bigint) AS "+relay.ClaimSQL(db.Tables))
 			require.NoError(t, err)
 			defer conn.Exec(ctx, "DEALLOCATE claim_plan") //nolint:errcheck // the connection goes away with the pool
 
@@ -103,7 +103,7 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 				require.NoError(t, err)
 				defer conn.Exec(ctx, "ROLLBACK") //nolint:errcheck // always rolled back
 				var raw []byte
-				require.NoError(t, conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan(%d, '{}', '{}', %d)", tc.batch, relay.DefaultMaxBatchBytes)).Scan(&raw))
+				require.NoError(t, conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan(%d, '{}', %d)", tc.batch, relay.DefaultMaxBatchBytes)).Scan(&raw))
 				require.NoError(t, json.Unmarshal(raw, &out))
 			}()
 			require.Len(t, out, 1)

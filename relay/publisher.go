@@ -25,24 +25,75 @@ type Message struct {
 
 // Publisher delivers a batch to a broker. Publish returns one error per
 // message, in order: nil when the broker acknowledged the message, an error
-// wrapped with Permanent when the broker will never accept it (too large,
-// invalid topic, not authorised), any other error when a retry may succeed.
-// The broker must keep the order of messages with the same AggregateID.
+// wrapped with Permanent (or PermanentReason) when the broker will never
+// accept that message (too large, invalid topic, not authorised), any other
+// error when a retry may succeed. The broker must keep the order of
+// messages with the same AggregateID, and a message after a failed one of
+// its aggregate must not be acknowledged ahead of it: Publish either leaves
+// it unsent (any error) or sends it after the failed one. A permanent error
+// must belong to the message that caused it, never to messages that merely
+// shared a request with it.
 type Publisher interface {
 	Publish(ctx context.Context, msgs []Message) []error
 }
 
+// Reasons a row is held: short, stable codes for metrics, alerts and the
+// failures table, next to the full error message.
+const (
+	// ReasonTooLarge: the record is larger than the topic accepts.
+	ReasonTooLarge = "too_large"
+	// ReasonInvalidTopic: the type routes to no valid or existing topic.
+	ReasonInvalidTopic = "invalid_topic"
+	// ReasonUndecodable: the row's headers are not a JSON object of
+	// strings (written by hand, not by Emit).
+	ReasonUndecodable = "undecodable"
+	// ReasonReservedHeader: the row's headers use a name the relayer sets
+	// (event_id, event_type, content-type, event_source).
+	ReasonReservedHeader = "reserved_header"
+	// ReasonNotAuthorized: the broker refuses the relayer's writes to the
+	// topic.
+	ReasonNotAuthorized = "not_authorized"
+	// ReasonBrokerRefused: any other permanent refusal.
+	ReasonBrokerRefused = "broker_refused"
+)
+
 // PermanentError marks a per-message failure that retrying will not fix.
-type PermanentError struct{ Err error }
+type PermanentError struct {
+	// Reason is one of the Reason constants; ReasonBrokerRefused when empty.
+	Reason string
+	Err    error
+}
 
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
 
-// Permanent wraps err as a PermanentError.
-func Permanent(err error) error { return &PermanentError{Err: err} }
+// Permanent wraps err as a PermanentError with ReasonBrokerRefused. It
+// returns nil for a nil err.
+func Permanent(err error) error { return PermanentReason(ReasonBrokerRefused, err) }
+
+// PermanentReason wraps err as a PermanentError with reason. It returns nil
+// for a nil err.
+func PermanentReason(reason string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Reason: reason, Err: err}
+}
 
 // IsPermanent reports whether err is (or wraps) a PermanentError.
 func IsPermanent(err error) bool {
 	var p *PermanentError
 	return errors.As(err, &p)
+}
+
+// ReasonOf returns the reason of a permanent error, or "" for any other.
+func ReasonOf(err error) string {
+	var p *PermanentError
+	if !errors.As(err, &p) {
+		return ""
+	}
+	if p.Reason == "" {
+		return ReasonBrokerRefused
+	}
+	return p.Reason
 }

@@ -10,11 +10,14 @@
 package relay
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,14 +77,16 @@ type Config struct {
 	// mode (PgBouncer, Supavisor), which cannot hold a LISTEN. Defaults to
 	// false.
 	PollOnly bool
-	// MaxPayloadBytes: rows whose payload is larger are not sent (the broker
-	// would refuse them) and count as permanent failures. Defaults to
-	// outbox.DefaultMaxPayloadBytes.
-	MaxPayloadBytes int
 	// HoldOut is how long an aggregate whose oldest pending row failed
-	// permanently is left out of claims before the row is tried again.
-	// Later rows of that aggregate wait too: order is kept. Defaults to 1m.
+	// permanently (the broker refused it, or the relayer could not decode
+	// it) is left out of claims before the row is tried again; each further
+	// failure of the same row doubles it, up to MaxHoldOut, with 10%
+	// jitter. Later rows of that aggregate wait too: order is kept. Holds
+	// are recorded in the failures table, so every relayer honours them and
+	// `outbox events retry` lifts them for all. Defaults to 1m.
 	HoldOut time.Duration
+	// MaxHoldOut caps the doubling of HoldOut. Defaults to 30m.
+	MaxHoldOut time.Duration
 	// BackoffMin and BackoffMax bound the exponential backoff (with jitter)
 	// after a failed batch: broker or database unreachable. Default to
 	// 100ms and 30s.
@@ -117,6 +122,9 @@ type BatchResult struct {
 	Dispatched int
 	// Permanent failures (held out), Transient failures (retried).
 	Permanent, Transient int
+	// Holds are the rows this batch held out, one per failed aggregate:
+	// the row that failed, not the rows behind it.
+	Holds []Hold
 	// Deferred rows that followed a failed row of their aggregate: left
 	// pending so order is kept.
 	Deferred int
@@ -132,14 +140,19 @@ type Stats struct {
 	Batches, Claimed, Dispatched, PermanentFailures, TransientFailures, FailedBatches int64
 }
 
-// Failure is the last permanent failure of a held-out aggregate.
-type Failure struct {
+// Hold is a row held out of claims after a permanent failure, as recorded
+// in the failures table.
+type Hold struct {
 	EventID     int64
 	AggregateID uuid.UUID
 	Type        string
-	Err         string
-	At          time.Time
-	Until       time.Time
+	// Reason is one of the Reason constants; Err the whole message.
+	Reason, Err string
+	// Attempts counts the failures recorded for the row.
+	Attempts int
+	// Until is when the row is tried again, unless an operator retries it
+	// sooner.
+	Until time.Time
 }
 
 // Relayer runs the claim-publish-mark loop. Create it with New, run it
@@ -149,10 +162,8 @@ type Relayer struct {
 	log       *slog.Logger
 	claimSQL  string
 	unmarkSQL string
+	holdSQL   string
 	wake      chan struct{}
-
-	mu   sync.Mutex
-	held map[uuid.UUID]Failure
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
 }
@@ -188,6 +199,7 @@ func New(cfg Config) (*Relayer, error) {
 	for _, f := range []dflt{
 		{"PollInterval", &cfg.PollInterval, time.Second},
 		{"HoldOut", &cfg.HoldOut, time.Minute},
+		{"MaxHoldOut", &cfg.MaxHoldOut, 30 * time.Minute},
 		{"BackoffMin", &cfg.BackoffMin, 100 * time.Millisecond},
 		{"BackoffMax", &cfg.BackoffMax, 30 * time.Second},
 		{"ShutdownTimeout", &cfg.ShutdownTimeout, 30 * time.Second},
@@ -214,23 +226,19 @@ func New(cfg Config) (*Relayer, error) {
 	if cfg.MaxBatchBytes == 0 {
 		cfg.MaxBatchBytes = DefaultMaxBatchBytes
 	}
-	if cfg.MaxPayloadBytes < 0 {
-		return nil, fmt.Errorf("relay: MaxPayloadBytes is %d; use a positive limit, or 0 for the default", cfg.MaxPayloadBytes)
-	}
-	if cfg.MaxPayloadBytes == 0 {
-		cfg.MaxPayloadBytes = outbox.DefaultMaxPayloadBytes
+	if cfg.MaxHoldOut < cfg.HoldOut {
+		return nil, fmt.Errorf("relay: MaxHoldOut (%s) is below HoldOut (%s); raise MaxHoldOut or lower HoldOut", cfg.MaxHoldOut, cfg.HoldOut)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	table := cfg.Tables.OutboxIdent()
 	return &Relayer{
 		cfg:       cfg,
-		log:       cfg.Logger.With("outbox", table),
-		claimSQL:  render(claimSQL, table),
-		unmarkSQL: render(unmarkSQL, table),
+		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
+		claimSQL:  render(claimSQL, cfg.Tables),
+		unmarkSQL: render(unmarkSQL, cfg.Tables),
+		holdSQL:   render(holdSQL, cfg.Tables),
 		wake:      make(chan struct{}, 1),
-		held:      map[uuid.UUID]Failure{},
 	}, nil
 }
 
@@ -243,21 +251,6 @@ func (r *Relayer) Stats() Stats {
 		Batches: r.batches.Load(), Claimed: r.claimed.Load(), Dispatched: r.dispatched.Load(),
 		PermanentFailures: r.permanent.Load(), TransientFailures: r.transient.Load(), FailedBatches: r.failedBatches.Load(),
 	}
-}
-
-// Held returns the aggregates currently held out after a permanent failure.
-func (r *Relayer) Held() []Failure {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	var out []Failure
-	for _, f := range r.held {
-		if f.Until.After(now) {
-			out = append(out, f)
-		}
-	}
-	slices.SortFunc(out, func(a, b Failure) int { return int(a.EventID - b.EventID) })
-	return out
 }
 
 // Run relays until ctx is cancelled, then lets the batch in flight finish
@@ -382,8 +375,10 @@ func (r *Relayer) Run(ctx context.Context) error {
 
 // claimed is a batch claimed and marked in its still open transaction.
 type claimed struct {
-	tx           pgx.Tx
-	msgs         []Message
+	tx   pgx.Tx
+	msgs []Message
+	// bad are the rows the claim could not decode, by id.
+	bad          map[int64]error
 	size, locked int // rows asked for, rows locked
 	start        time.Time
 }
@@ -402,12 +397,12 @@ func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64) (*cla
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	msgs, locked, err := r.claim(ctx, tx, size, ahead)
+	msgs, bad, locked, err := r.claim(ctx, tx, size, ahead)
 	if err != nil {
 		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the claim's error
 		return nil, err
 	}
-	return &claimed{tx: tx, msgs: msgs, size: size, locked: locked, start: start}, nil
+	return &claimed{tx: tx, msgs: msgs, bad: bad, size: size, locked: locked, start: start}, nil
 }
 
 // relay publishes and commits cur. When cur is a full batch, so more rows
@@ -448,7 +443,8 @@ func (r *Relayer) relay(ctx, batchCtx context.Context, cur *claimed) (BatchResul
 }
 
 // finish publishes a claimed batch, returns the rows the broker did not
-// acknowledge to pending and commits.
+// acknowledge to pending, records the holds of rows that failed for good
+// and commits.
 func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	tx, msgs := c.tx, c.msgs
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
@@ -457,73 +453,20 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 		return res, tx.Commit(ctx)
 	}
 
-	// Rows that cannot be published are failed before sending; the rows of
-	// their aggregate after them are not sent either, so nothing overtakes.
-	errs := make([]error, len(msgs))
-	blocked := map[uuid.UUID]bool{}
-	send := make([]Message, 0, len(msgs))
-	sendIdx := make([]int, 0, len(msgs))
-	for i := range msgs {
-		m := &msgs[i]
-		if blocked[m.AggregateID] {
-			errs[i] = errDeferred
-			continue
-		}
-		topic, err := outbox.Topic(r.cfg.TopicPrefix, m.Type)
-		if err == nil && len(m.Payload) > r.cfg.MaxPayloadBytes {
-			err = fmt.Errorf("payload is %d bytes; the limit is %d (raise the relay's max payload and the broker's message.max.bytes, or delete the row)", len(m.Payload), r.cfg.MaxPayloadBytes)
-		}
-		if err != nil {
-			errs[i] = Permanent(err)
-			blocked[m.AggregateID] = true
-			continue
-		}
-		m.Topic = topic
-		send = append(send, *m)
-		sendIdx = append(sendIdx, i)
-	}
-	if len(send) > 0 {
-		perr := r.cfg.Publisher.Publish(ctx, send)
-		if len(perr) != len(send) {
-			return res, fmt.Errorf("publisher returned %d results for %d messages", len(perr), len(send))
-		}
-		for j, i := range sendIdx {
-			errs[i] = perr[j]
-		}
+	errs, err := r.publish(ctx, c)
+	if err != nil {
+		return res, err
 	}
 	ackedAt := time.Now()
-
-	// Per aggregate, mark the acknowledged prefix only: a row acknowledged
-	// after a failed row of its aggregate stays pending and is sent again
-	// after it (at-least-once), rather than being marked out of order.
-	failed := map[uuid.UUID]bool{}
-	var unmark []int64
-	var firstTransient error
-	for i, m := range msgs {
-		err := errs[i]
-		if err == nil && !failed[m.AggregateID] {
-			res.Dispatched++
-			res.Latencies = append(res.Latencies, ackedAt.Sub(m.CreatedAt))
-			continue
-		}
-		unmark = append(unmark, m.ID)
-		switch {
-		case err == nil, errors.Is(err, errDeferred):
-			res.Deferred++
-		case IsPermanent(err):
-			res.Permanent++
-			r.hold(m, err, failed[m.AggregateID])
-		default:
-			res.Transient++
-			if firstTransient == nil {
-				firstTransient = err
-			}
-		}
-		failed[m.AggregateID] = true
-	}
+	unmark, holds, firstTransient := r.settle(msgs, errs, ackedAt, &res)
 	if len(unmark) > 0 {
 		if _, err := tx.Exec(ctx, r.unmarkSQL, unmark); err != nil {
 			return res, fmt.Errorf("return %d unacknowledged rows to pending: %w", len(unmark), err)
+		}
+	}
+	if len(holds) > 0 {
+		if err := r.recordHolds(ctx, tx, holds); err != nil {
+			return res, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -532,6 +475,13 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 		return res, fmt.Errorf("commit after publishing %d rows (they will be sent again): %w", res.Dispatched, err)
 	}
 	res.Duration = time.Since(c.start)
+	res.Holds = holds
+	for _, h := range holds {
+		r.log.Error("event held: it cannot be published, so its aggregate waits behind it",
+			"event_id", h.EventID, "aggregate_id", h.AggregateID, "type", truncate(h.Type, 200), "reason", h.Reason, "err", h.Err,
+			"attempt", h.Attempts, "held_until", h.Until.Format(time.RFC3339),
+			"retry_now", fmt.Sprintf("outbox events retry %d --yes", h.EventID), "park", fmt.Sprintf("outbox events park %d --reason ... --yes", h.EventID))
+	}
 	r.batches.Add(1)
 	r.claimed.Add(int64(res.Claimed))
 	r.dispatched.Add(int64(res.Dispatched))
@@ -546,22 +496,152 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	return res, nil
 }
 
+// publish sends the rows of c that can be sent and returns one error per
+// row. A row that cannot be published (the claim could not decode it, or
+// its type routes to no topic) fails before sending, and the rows of its
+// aggregate after it are not sent either, so nothing overtakes it.
+func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
+	msgs := c.msgs
+	errs := make([]error, len(msgs))
+	var blocked map[uuid.UUID]bool
+	send := make([]Message, 0, len(msgs))
+	sendIdx := make([]int, 0, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		if blocked[m.AggregateID] {
+			errs[i] = errDeferred
+			continue
+		}
+		err := c.bad[m.ID]
+		if err == nil {
+			m.Topic, err = outbox.Topic(r.cfg.TopicPrefix, m.Type)
+			err = PermanentReason(ReasonInvalidTopic, err)
+		}
+		if err != nil {
+			errs[i] = err
+			if blocked == nil {
+				blocked = map[uuid.UUID]bool{}
+			}
+			blocked[m.AggregateID] = true
+			continue
+		}
+		send = append(send, *m)
+		sendIdx = append(sendIdx, i)
+	}
+	if len(send) == 0 {
+		return errs, nil
+	}
+	perr := r.cfg.Publisher.Publish(ctx, send)
+	if len(perr) != len(send) {
+		return nil, fmt.Errorf("publisher returned %d results for %d messages", len(perr), len(send))
+	}
+	for j, i := range sendIdx {
+		errs[i] = perr[j]
+	}
+	return errs, nil
+}
+
+// settle applies the publish results to res and says which rows go back to
+// pending and which are held. Per aggregate, only the acknowledged prefix
+// is marked: a row acknowledged after a failed row of its aggregate stays
+// pending and is sent again after it (at-least-once), rather than being
+// marked out of order. The failure belongs to the aggregate's first failed
+// row; the rows behind it are deferred, whatever their own result, and
+// never recorded as failures themselves.
+func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *BatchResult) (unmark []int64, holds []Hold, firstTransient error) {
+	var failed map[uuid.UUID]bool
+	for i, m := range msgs {
+		err := errs[i]
+		if err == nil && !failed[m.AggregateID] {
+			res.Dispatched++
+			res.Latencies = append(res.Latencies, ackedAt.Sub(m.CreatedAt))
+			continue
+		}
+		unmark = append(unmark, m.ID)
+		if failed[m.AggregateID] || err == nil || errors.Is(err, errDeferred) {
+			res.Deferred++
+			continue
+		}
+		if failed == nil {
+			failed = map[uuid.UUID]bool{}
+		}
+		failed[m.AggregateID] = true
+		if IsPermanent(err) {
+			res.Permanent++
+			holds = append(holds, Hold{EventID: m.ID, AggregateID: m.AggregateID, Type: m.Type, Reason: ReasonOf(err), Err: truncate(err.Error(), maxErrorLen)})
+			continue
+		}
+		res.Transient++
+		if firstTransient == nil {
+			firstTransient = err
+		}
+	}
+	return unmark, holds, firstTransient
+}
+
+// recordHolds writes holds into the failures table within the batch's
+// transaction and fills in their attempt counts and hold ends.
+func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) error {
+	ids := make([]int64, len(holds))
+	aggs := make([]uuid.UUID, len(holds))
+	types := make([]string, len(holds))
+	reasons := make([]string, len(holds))
+	msgs := make([]string, len(holds))
+	for i, h := range holds {
+		ids[i], aggs[i], types[i], reasons[i], msgs[i] = h.EventID, h.AggregateID, h.Type, h.Reason, h.Err
+	}
+	rows, err := tx.Query(ctx, r.holdSQL, ids, aggs, types, reasons, msgs, r.cfg.HoldOut.Microseconds(), r.cfg.MaxHoldOut.Microseconds())
+	if err != nil {
+		return fmt.Errorf("record %d held rows: %w", len(holds), err)
+	}
+	byID := make(map[int64]int, len(holds))
+	for i, h := range holds {
+		byID[h.EventID] = i
+	}
+	var (
+		id       int64
+		attempts int
+		until    time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &attempts, &until}, func() error {
+		i := byID[id]
+		holds[i].Attempts, holds[i].Until = attempts, until
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record %d held rows: %w", len(holds), err)
+	}
+	return nil
+}
+
+// maxErrorLen caps a recorded error: enough for any broker or relayer
+// message, bounded in case a publisher quotes a payload.
+const maxErrorLen = 2000
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "..."
+}
+
 // probeSize is the claim of a relayer whose last claims all waited behind
 // another relayer: small, so it holds few rows the other needs.
 const probeSize = 100
 
 var errDeferred = errors.New("deferred behind an earlier failed row of its aggregate")
 
-func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64) ([]Message, int, error) {
+func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64) ([]Message, map[int64]error, int, error) {
 	if ahead == nil {
 		ahead = []int64{}
 	}
-	rows, err := tx.Query(ctx, r.claimSQL, size, r.heldIDs(), ahead, r.cfg.MaxBatchBytes)
+	rows, err := tx.Query(ctx, r.claimSQL, size, ahead, r.cfg.MaxBatchBytes)
 	if err != nil {
-		return nil, 0, fmt.Errorf("claim: %w", err)
+		return nil, nil, 0, fmt.Errorf("claim: %w", err)
 	}
 	defer rows.Close()
 	msgs := make([]Message, 0, size)
+	var bad map[int64]error
 	var locked int64
 	for rows.Next() {
 		// Nullable: the one row that only carries the count has NULLs.
@@ -570,56 +650,49 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64)
 			id      *int64
 			typ     *string
 			created *time.Time
+			headers []byte
 		)
-		if err := rows.Scan(&id, &m.AggregateID, &typ, &m.Payload, &m.Headers, &created, &locked); err != nil {
-			return nil, 0, fmt.Errorf("claim: scan: %w", err)
+		if err := rows.Scan(&id, &m.AggregateID, &typ, &m.Payload, &headers, &created, &locked); err != nil {
+			return nil, nil, 0, fmt.Errorf("claim: scan: %w", err)
 		}
 		if id == nil {
 			continue
 		}
 		m.ID, m.Type, m.CreatedAt = *id, *typ, *created
+		// A row written by hand can hold any JSONB in headers: it fails on
+		// its own, never the claim.
+		if m.Headers, err = decodeHeaders(headers); err != nil {
+			if bad == nil {
+				bad = map[int64]error{}
+			}
+			bad[m.ID] = err
+		}
 		msgs = append(msgs, m)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("claim: %w", err)
+		return nil, nil, 0, fmt.Errorf("claim: %w", err)
 	}
-	slices.SortFunc(msgs, func(a, b Message) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
-	return msgs, int(locked), nil
+	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
+	return msgs, bad, int(locked), nil
 }
 
-func (r *Relayer) hold(m Message, err error, already bool) {
-	now := time.Now()
-	f := Failure{EventID: m.ID, AggregateID: m.AggregateID, Type: m.Type, Err: err.Error(), At: now, Until: now.Add(r.cfg.HoldOut)}
-	r.mu.Lock()
-	r.held[m.AggregateID] = f
-	r.mu.Unlock()
-	if !already {
-		r.log.Error("event rejected for good; holding its aggregate out of claims",
-			"event_id", m.ID, "aggregate_id", m.AggregateID, "type", m.Type, "err", err, "retry_in", r.cfg.HoldOut)
+// decodeHeaders reads a row's headers column: SQL NULL, JSON null or a
+// JSON object of strings whose names the relayer does not set itself.
+// Anything else is a permanent failure of that row.
+func decodeHeaders(raw []byte) (map[string]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
 	}
-}
-
-func (r *Relayer) heldIDs() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	ids := []string{}
-	for agg, f := range r.held {
-		if f.Until.After(now) {
-			ids = append(ids, agg.String())
-		} else {
-			delete(r.held, agg)
+	var h map[string]string
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s are not a JSON object of string values (%s); rewrite them as {\"name\": \"value\", ...} or park the row", truncate(string(raw), 200), err))
+	}
+	for k := range h {
+		if outbox.IsReservedHeader(k) {
+			return nil, PermanentReason(ReasonReservedHeader, fmt.Errorf("header %q is set by the relayer and cannot come from the row; rename it in the row's headers or park the row", k))
 		}
 	}
-	return ids
+	return h, nil
 }
 
 // listen holds a LISTEN connection and turns notifications into wake-ups,

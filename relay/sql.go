@@ -1,15 +1,24 @@
 package relay
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/migrate"
+)
 
 // claimSQL claims and marks one batch in a single statement; the caller
 // resets the rows the broker did not acknowledge before it commits, so
 // nothing is dispatched that was not acknowledged. Parameters: $1 batch
-// size, $2 aggregates held out after a permanent failure, $3 the rows this
-// relayer is publishing in its previous batch, still open (pipelining):
-// they come first, so they are not gaps, $4 the batch's payload budget in
-// bytes.
+// size, $2 the rows this relayer is publishing in its previous batch, still
+// open (pipelining): they come first, so they are not gaps, $3 the batch's
+// payload budget in bytes.
 //
+//   - held: the aggregates whose pending head row is held after a permanent
+//     failure (holdSQL), read from the failures table, a handful of rows in
+//     a healthy system, so every relayer skips them, not only the one that
+//     saw the failure. A hold on a row that is no longer pending (parked,
+//     deleted, or published by a retry) holds nothing.
 //   - candidates: the first $1 pending rows in id order that no other relayer
 //     has locked, served by the pending index (id) WHERE dispatched_at IS
 //     NULL; its cost does not depend on how many dispatched rows remain.
@@ -57,19 +66,23 @@ import "strings"
 // id) index instead: one index descent per aggregate, 23 of a claim's 49 ms
 // with 1,000 aggregates in a batch. This one drains 1.5x faster
 // (BenchmarkClaim), and migration 3 dropped that index.
-const claimSQL = `WITH candidates AS MATERIALIZED (
+const claimSQL = `WITH held AS MATERIALIZED (
+  SELECT coalesce(array_agg(DISTINCT f.aggregate_id), '{}') AS aggs FROM {{failures}} f
+  WHERE f.held_until > now()
+    AND EXISTS (SELECT 1 FROM {{table}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
+), candidates AS MATERIALIZED (
   SELECT id, aggregate_id, pg_column_size(payload) AS size FROM {{table}}
-  WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))
+  WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
   ORDER BY id
   LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), seen AS MATERIALIZED (
   SELECT id, aggregate_id FROM {{table}}
-  WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))
-    AND NOT (id = ANY($3::bigint[]))
+  WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
+    AND NOT (id = ANY($2::bigint[]))
     AND id >= (
       SELECT id FROM {{table}}
-      WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY($2::uuid[]))
+      WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
       ORDER BY id LIMIT 1)
     AND id <= (SELECT max(id) FROM candidates)
   ORDER BY id
@@ -83,8 +96,8 @@ const claimSQL = `WITH candidates AS MATERIALIZED (
   WHERE (SELECT count(*) FROM seen) <> (SELECT count(*) FROM candidates)
   GROUP BY aggregate_id
 ), cutoff AS (
-  SELECT CASE WHEN sum(size) <= $4 THEN max(id) ELSE (
-    SELECT coalesce(max(id) FILTER (WHERE upto <= $4), min(id))
+  SELECT CASE WHEN sum(size) <= $3 THEN max(id) ELSE (
+    SELECT coalesce(max(id) FILTER (WHERE upto <= $3), min(id))
     FROM (SELECT id, sum(size) OVER (ORDER BY id) AS upto FROM candidates) s
   ) END AS id
   FROM candidates
@@ -116,6 +129,24 @@ const claimBegin = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LO
 // the claim's transaction (so, to other sessions, they never left it).
 const unmarkSQL = `UPDATE {{table}} SET dispatched_at = NULL WHERE id = ANY($1::bigint[])`
 
-func render(sql, table string) string {
-	return strings.ReplaceAll(sql, "{{table}}", table)
+// holdSQL records rows that failed for good in the failures table, in the
+// batch's transaction: the first failure holds the row's aggregate for $6
+// (HoldOut, in microseconds), each later one for twice as long as the last,
+// up to $7 (MaxHoldOut), each with 10% jitter so that holds recorded
+// together do not all expire together. The primary key (event_id) serves
+// the upsert. Parameters: $1 ids, $2 aggregates, $3 types, $4 reasons, $5
+// errors.
+const holdSQL = `INSERT INTO {{failures}} AS f (event_id, aggregate_id, type, reason, error, first_failed_at, failed_at, held_until)
+SELECT id, agg, typ, reason, err, now(), now(), now() + $6::bigint * (0.9 + 0.2 * random()) * interval '1 microsecond'
+FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[]) AS u(id, agg, typ, reason, err)
+ON CONFLICT (event_id) DO UPDATE
+  SET reason = EXCLUDED.reason, error = EXCLUDED.error, failed_at = EXCLUDED.failed_at, attempts = f.attempts + 1,
+      held_until = now() + least($6::bigint * power(2, least(f.attempts, 30)), $7::bigint) * (0.9 + 0.2 * random()) * interval '1 microsecond'
+RETURNING event_id, attempts, held_until`
+
+func render(sql string, tables outbox.Tables) string {
+	return strings.NewReplacer(
+		"{{table}}", tables.OutboxIdent(),
+		"{{failures}}", migrate.FailuresIdent(tables),
+	).Replace(sql)
 }
