@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -115,12 +114,17 @@ type Stats struct {
 	Processed int64
 	// Duplicates: already processed by this consumer name; skipped.
 	Duplicates int64
-	// DeadLettered records written to a dead-letter topic, Malformed ones
-	// included.
+	// DeadLettered records written to a dead-letter topic, whole or as a
+	// pointer record (see HeaderDLQValueDropped), Malformed ones included.
 	DeadLettered int64
-	// Malformed records: no or bad event_id, payload not JSON, or a type
-	// with no handler.
+	// Malformed records: no or bad event_id, an event_source or
+	// event_type that is not valid UTF-8 or holds NUL, payload not JSON
+	// (or not UTF-8), or a type with no handler.
 	Malformed int64
+	// DeadLetterDropped: records whose dead letter the broker refused even
+	// as a pointer record (a key too large for the dead-letter topic). Each
+	// is logged with its topic, partition and offset, and skipped.
+	DeadLetterDropped int64
 	// Retries: a record tried again after its handler failed, lost a
 	// deadlock, or the database was unreachable.
 	Retries int64
@@ -147,7 +151,7 @@ type Consumer struct {
 	uncommitted map[string]map[int32]*kgo.Record // last done record per partition, not yet committed
 	crashed     error                            // set when BeforeCommit stopped the consumer
 
-	records, deadLettered, malformed, retries atomic.Int64
+	records, deadLettered, deadLetterDropped, malformed, retries atomic.Int64
 }
 
 // New validates cfg and applies its defaults.
@@ -303,12 +307,13 @@ func (c *Consumer) Config() Config { return c.cfg }
 func (c *Consumer) Stats() Stats {
 	ps := c.proc.Stats()
 	return Stats{
-		Records:      c.records.Load(),
-		Processed:    ps.Processed,
-		Duplicates:   ps.Duplicates,
-		DeadLettered: c.deadLettered.Load(),
-		Malformed:    c.malformed.Load(),
-		Retries:      c.retries.Load(),
+		Records:           c.records.Load(),
+		Processed:         ps.Processed,
+		Duplicates:        ps.Duplicates,
+		DeadLettered:      c.deadLettered.Load(),
+		Malformed:         c.malformed.Load(),
+		DeadLetterDropped: c.deadLetterDropped.Load(),
+		Retries:           c.retries.Load(),
 	}
 }
 
@@ -568,7 +573,8 @@ func (c *Consumer) partition(stop, work context.Context, items []item) int {
 }
 
 // processOne processes one record with retries, dead-lettering it when its
-// handler keeps failing. prior, when set, is the record's failure in a
+// handler keeps failing, or at once when the processed table refuses its
+// data (see classify). prior, when set, is the record's failure in a
 // batch: its first attempt. It returns false if it gave up because stop was
 // cancelled; the record is then not done.
 func (c *Consumer) processOne(stop, work context.Context, it item, prior *HandlerError) bool {
@@ -586,8 +592,13 @@ func (c *Consumer) processOne(stop, work context.Context, it item, prior *Handle
 		if work.Err() != nil {
 			return false
 		}
-		var he *HandlerError
-		if !errors.As(err, &he) || conflict(err) || c.pool().Ping(work) != nil {
+		blame := classify(err)
+		if blame == theRecord {
+			c.log.Error("the processed table refuses the event; dead-lettering the record", "topic", it.rec.Topic, "partition", it.rec.Partition,
+				"offset", it.rec.Offset, "event_id", it.ev.ID, "err", err)
+			return c.deadLetter(stop, work, it.rec, attempts, err.Error())
+		}
+		if blame == notTheEvent || c.pool().Ping(work) != nil {
 			// The database failed, not the handler (or the handler failed
 			// because the database is gone, or lost a deadlock or
 			// serialisation conflict with another transaction): nothing is
@@ -602,6 +613,10 @@ func (c *Consumer) processOne(stop, work context.Context, it item, prior *Handle
 			}
 			err = nil
 			continue
+		}
+		var he *HandlerError
+		if !errors.As(err, &he) { // the commit refused the handler's writes
+			he = &HandlerError{Source: it.ev.Source, EventID: it.ev.ID, Err: err}
 		}
 		attempts++
 		log := c.log.With("topic", it.rec.Topic, "partition", it.rec.Partition, "offset", it.rec.Offset,
@@ -627,14 +642,6 @@ func (c *Consumer) processOne(stop, work context.Context, it item, prior *Handle
 
 func (c *Consumer) pool() *pgxpool.Pool { return c.cfg.Pool }
 
-// conflict reports a deadlock or serialisation failure: transient, caused
-// by concurrent transactions (handlers of other partitions updating the
-// same rows in another order), gone on a retry.
-func conflict(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
-}
-
 // dispatch routes an event to its handler. decode has made sure one exists.
 func (c *Consumer) dispatch(ctx context.Context, tx pgx.Tx, ev Event) error {
 	if h, ok := c.handlers[ev.Type]; ok {
@@ -651,37 +658,6 @@ func (c *Consumer) decode(r *kgo.Record) item {
 		}
 	}
 	return item{rec: r, ev: ev, bad: bad}
-}
-
-// deadLetter writes the dead-letter copy of r and waits for the broker's
-// acknowledgement, retrying until it gets one or stop is cancelled. It
-// reports whether the record is now done.
-func (c *Consumer) deadLetter(stop, work context.Context, r *kgo.Record, attempts int, reason string) bool {
-	topic := c.dlq[r.Topic]
-	for failures := 1; stop.Err() == nil; failures++ {
-		// Bounded by stop, not only work: a write cut short is not
-		// acknowledged, so the offset stays and the record comes again
-		// (its dead letter may then be written twice).
-		ctx, cancel := context.WithTimeout(stop, dlqWriteTimeout)
-		err := c.dlqCl.ProduceSync(ctx, deadLetter(r, topic, c.cfg.Name, attempts, reason)).FirstErr()
-		cancel()
-		if err == nil {
-			c.deadLettered.Add(1)
-			c.log.Warn("record dead-lettered", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset,
-				"dlq_topic", topic, "attempts", attempts, "reason", reason)
-			return true
-		}
-		if stop.Err() != nil {
-			return false
-		}
-		d := backoff.Delay(c.cfg.BackoffMin, c.cfg.BackoffMax, failures)
-		c.log.Error("dead-letter write failed; retrying (the record's offset is not committed until it succeeds)",
-			"topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "dlq_topic", topic, "err", err, "retry_in", d.Round(time.Millisecond))
-		if !backoff.Sleep(stop, d) {
-			return false
-		}
-	}
-	return false
 }
 
 // leaveTimeout bounds leaving the group at shutdown (with the final offset

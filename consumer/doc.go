@@ -18,11 +18,19 @@
 // key, value and headers plus dlq_error, dlq_consumer, dlq_attempts,
 // dlq_original_topic, dlq_original_partition and dlq_original_offset.
 // Malformed records (no event_id header, an event_id that is not a positive
-// decimal, a payload that is not JSON, a type with no handler) are
-// dead-lettered at once. A dead-lettered event is not recorded as
-// processed: replayed to its topic once the cause is fixed, it is processed
-// then. Offsets move past a dead-lettered record only after the broker
-// acknowledged its dead-letter copy.
+// decimal, an event_source or event_type that is not valid UTF-8 or holds
+// NUL, a payload that is not JSON or not UTF-8, a type with no handler) are
+// dead-lettered at once, and so is a record whose (source, event_id) the
+// processed table refuses (ErrInvalidEvent). Only a database or broker that
+// is down is waited out without limit. A dead-lettered event is not
+// recorded as processed: replayed to its topic once the cause is fixed, it
+// is processed then. Offsets move past a dead-lettered record only after
+// the broker acknowledged its dead-letter copy. When the broker refuses
+// the copy for good (the dlq_* headers make it too large), a pointer
+// record goes instead: the key, an empty value, the dlq_* headers and
+// dlq_value_dropped, without the original headers too (dlq_headers_dropped)
+// if need be. If even that is refused, the dead letter is dropped, logged
+// and counted (Stats.DeadLetterDropped), and the consumer moves on.
 //
 // # Event sources
 //

@@ -40,7 +40,11 @@ func (o Outcome) String() string {
 }
 
 // ErrInvalidEvent is returned, wrapped, for an event that cannot be
-// deduplicated: an id that is not positive.
+// deduplicated: an id that is not positive, or a (source, id) the
+// processed table refuses to store, such as a source that is not valid
+// UTF-8 or too long to index (the *pgconn.PgError is wrapped too). Retrying
+// such an event fails the same way. From ProcessBatch it means that at
+// least one of the events is invalid: process them one by one to find it.
 var ErrInvalidEvent = errors.New("consumer: invalid event")
 
 // HandlerError is returned by Process and ProcessBatch when a handler
@@ -110,6 +114,11 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	if strings.TrimSpace(cfg.Name) == "" {
 		return nil, errors.New("consumer: Name is empty; name the consumer, e.g. \"loyalty\": events are deduplicated per name")
 	}
+	if why := outbox.ValidText(cfg.Name); why != "" {
+		// Else the processed table would refuse every event, and each
+		// would be dead-lettered as invalid.
+		return nil, fmt.Errorf("consumer: Name %q %s; it is stored in a text column", cfg.Name, why)
+	}
 	if cfg.Pool == nil {
 		return nil, errors.New("consumer: Pool is nil; pass a *pgxpool.Pool connected to the database the handlers write to")
 	}
@@ -176,7 +185,7 @@ func (p *Processor) Process(ctx context.Context, ev Event, h Handler) (Outcome, 
 
 	tag, err := tx.Exec(ctx, p.insertOne, p.cfg.Name, ev.Source, ev.ID)
 	if err != nil {
-		return 0, fmt.Errorf("consumer: record event %d in %s: %w", ev.ID, p.table, err)
+		return 0, recordError(err, fmt.Sprintf("event %d", ev.ID), p.table)
 	}
 	if tag.RowsAffected() == 0 {
 		if err := tx.Commit(ctx); err != nil {
@@ -288,7 +297,7 @@ func (p *Processor) processBatch(ctx context.Context, evs []Event, apply func(ct
 
 	rows, err := tx.Query(ctx, p.insertMany, p.cfg.Name, sources, ids)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: record %d events in %s: %w", len(keys), p.table, err)
+		return nil, recordError(err, fmt.Sprintf("%d events", len(keys)), p.table)
 	}
 	fresh := make(map[key]bool, len(keys))
 	var k key
@@ -297,7 +306,7 @@ func (p *Processor) processBatch(ctx context.Context, evs []Event, apply func(ct
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("consumer: record %d events in %s: %w", len(keys), p.table, err)
+		return nil, recordError(err, fmt.Sprintf("%d events", len(keys)), p.table)
 	}
 
 	out := make([]Outcome, len(evs))

@@ -5,16 +5,18 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
 // Headers the Consumer adds to a dead-lettered record, after the original
-// record's own headers (which it keeps, with its key and value).
+// record's own headers (which it keeps, with its key and value, unless the
+// broker refuses such a copy: see HeaderDLQValueDropped).
 const (
 	// HeaderDLQError is why the record was dead-lettered: the handler's
 	// last error, or what is malformed about the record.
@@ -29,6 +31,21 @@ const (
 	HeaderDLQOriginalTopic     = "dlq_original_topic"
 	HeaderDLQOriginalPartition = "dlq_original_partition"
 	HeaderDLQOriginalOffset    = "dlq_original_offset"
+	// HeaderDLQValueDropped, present only on a pointer record, is the
+	// original value's length in bytes, in decimal. The broker refused
+	// the whole dead-letter copy (too large once the dlq_* headers were
+	// added, or invalid), so the Consumer wrote this pointer record
+	// instead: the original key, an empty value, the dlq_* headers and,
+	// unless HeaderDLQHeadersDropped is present, the original headers.
+	// Read the original value from the original topic at
+	// dlq_original_partition and dlq_original_offset, while retention
+	// keeps it.
+	HeaderDLQValueDropped = "dlq_value_dropped"
+	// HeaderDLQHeadersDropped, present only on a pointer record, is how
+	// many headers the original record had, in decimal: the pointer
+	// record with them was refused too, so it carries only the dlq_*
+	// headers.
+	HeaderDLQHeadersDropped = "dlq_headers_dropped"
 )
 
 // maxDLQErrorBytes bounds the dlq_error header: a handler error can carry
@@ -65,11 +82,26 @@ func decode(r *kgo.Record) (Event, *malformed) {
 	ev.ID = id
 	ev.Type = ev.Headers[kafka.HeaderEventType]
 	ev.Source = ev.Headers[kafka.HeaderEventSource]
+	// The source goes into the processed table's text column (which
+	// refuses it otherwise, on every retry), and handlers store the type.
+	for _, h := range [...]struct{ name, value string }{
+		{kafka.HeaderEventSource, ev.Source},
+		{kafka.HeaderEventType, ev.Type},
+	} {
+		if why := outbox.ValidText(h.value); why != "" {
+			return ev, &malformed{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, truncate(h.value, 64), why)}
+		}
+	}
 	if agg, err := uuid.ParseBytes(r.Key); err == nil {
 		ev.AggregateID = agg
 	}
 	if !json.Valid(r.Value) {
 		return ev, &malformed{fmt.Sprintf("payload of %d bytes is not valid JSON", len(r.Value))}
+	}
+	// encoding/json accepts invalid UTF-8 inside strings; JSON text must
+	// be UTF-8 and a JSONB column refuses it.
+	if !utf8.Valid(r.Value) {
+		return ev, &malformed{fmt.Sprintf("payload of %d bytes is JSON but not valid UTF-8", len(r.Value))}
 	}
 	return ev, nil
 }
@@ -93,27 +125,6 @@ func parseEventID(s string) (int64, error) {
 		return bad()
 	}
 	return id, nil
-}
-
-// deadLetter builds the dead-letter copy of r.
-func deadLetter(r *kgo.Record, topic, consumer string, attempts int, reason string) *kgo.Record {
-	hdrs := make([]kgo.RecordHeader, 0, len(r.Headers)+6)
-	hdrs = append(hdrs, r.Headers...)
-	hdrs = append(hdrs,
-		kgo.RecordHeader{Key: HeaderDLQError, Value: []byte(truncate(reason, maxDLQErrorBytes))},
-		kgo.RecordHeader{Key: HeaderDLQConsumer, Value: []byte(consumer)},
-		kgo.RecordHeader{Key: HeaderDLQAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
-		kgo.RecordHeader{Key: HeaderDLQOriginalTopic, Value: []byte(r.Topic)},
-		kgo.RecordHeader{Key: HeaderDLQOriginalPartition, Value: strconv.AppendInt(nil, int64(r.Partition), 10)},
-		kgo.RecordHeader{Key: HeaderDLQOriginalOffset, Value: strconv.AppendInt(nil, r.Offset, 10)},
-	)
-	return &kgo.Record{
-		Topic:     topic,
-		Key:       r.Key,
-		Value:     r.Value,
-		Headers:   hdrs,
-		Timestamp: time.Now(),
-	}
 }
 
 func truncate(s string, n int) string {
