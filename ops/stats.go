@@ -32,8 +32,10 @@ type Lag struct {
 	// read with, or cannot move until someone acts: held rows and the rows
 	// of their aggregates behind them count as stuck at once.
 	Stuck int64
-	// OldestPendingAge is now() - created_at of the oldest pending row: the
-	// dispatch lag. Zero when nothing is pending.
+	// OldestPendingAge is how long the longest-waiting pending row has
+	// waited: now() - created_at, or - requeued_at for a row an operator
+	// put back (replay, unpark). The dispatch lag. Zero when nothing is
+	// pending.
 	OldestPendingAge time.Duration
 	// Held counts pending rows whose last attempt failed for good (the
 	// broker refused them, or the relayer could not decode them): each holds
@@ -48,25 +50,25 @@ type Lag struct {
 
 // heldRowsSQL is what makes a pending row held: a failures row (one per
 // event, primary key event_id) recorded since the row last became pending.
-// A failure older than created_at belongs to an earlier life of the row:
-// `outbox events replay` sets created_at anew. The failures table is tiny
-// and each of its rows finds its outbox row by primary key.
+// A failure older than that belongs to an earlier life of the row, before
+// `outbox events replay` or `unpark` requeued it. The failures table is
+// tiny and each of its rows finds its outbox row by primary key.
 const heldRowsSQL = `SELECT f.event_id, o.aggregate_id, f.reason, f.first_failed_at FROM {{failures}} f JOIN {{outbox}} o ON o.id = f.event_id
-  WHERE o.dispatched_at IS NULL AND f.failed_at >= o.created_at`
+  WHERE o.dispatched_at IS NULL AND f.failed_at >= coalesce(o.requeued_at, o.created_at)`
 
 // lagSQL reads only pending rows, through the partial index (id) WHERE
 // dispatched_at IS NULL: its cost follows the backlog, not the table, so it
 // is cheap enough to run every few seconds. min(created_at), not the
 // created_at of the lowest id: ids are taken at insert and created_at at
 // transaction start, so a long transaction can hold an older row at a
-// higher id. Held rows, and the rows of their aggregates (all behind
+// higher id. A requeued row counts from its requeued_at. Held rows, and the rows of their aggregates (all behind
 // them: a held row is its aggregate's oldest pending row), are stuck at
 // once, whatever their age. $1 is StuckAfter in microseconds.
 const lagSQL = `WITH held AS MATERIALIZED (SELECT coalesce(array_agg(aggregate_id), '{}') AS aggs FROM (` + heldRowsSQL + `) h)
 SELECT
   count(*),
-  count(*) FILTER (WHERE created_at < now() - $1::bigint * interval '1 microsecond' OR aggregate_id = ANY((SELECT aggs FROM held)::uuid[])),
-  coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+  count(*) FILTER (WHERE coalesce(requeued_at, created_at) < now() - $1::bigint * interval '1 microsecond' OR aggregate_id = ANY((SELECT aggs FROM held)::uuid[])),
+  coalesce(extract(epoch FROM now() - min(coalesce(requeued_at, created_at))), 0)::float8
 FROM {{outbox}} WHERE dispatched_at IS NULL`
 
 // heldSQL counts held rows by reason, with the oldest first failure.

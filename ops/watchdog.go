@@ -102,12 +102,12 @@ func (r Report) Healthy() bool { return r.Lag.Stuck == 0 && !r.LagBreached }
 // StuckAfter in microseconds, $2 limit.
 const stuckSQL = `WITH held AS MATERIALIZED (SELECT coalesce(array_agg(aggregate_id), '{}') AS aggs FROM (` + heldRowsSQL + `) h)
 SELECT o.id, o.aggregate_id, o.type, o.created_at,
-  extract(epoch FROM now() - o.created_at)::float8,
+  extract(epoch FROM now() - coalesce(o.requeued_at, o.created_at))::float8,
   (SELECT min(p.id) FROM {{outbox}} p WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL),
   f.reason, f.error, f.attempts, f.failed_at, f.held_until
-FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id AND f.failed_at >= o.created_at
+FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id AND f.failed_at >= coalesce(o.requeued_at, o.created_at)
 WHERE o.dispatched_at IS NULL
-  AND (o.created_at < now() - $1::bigint * interval '1 microsecond' OR o.aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
+  AND (coalesce(o.requeued_at, o.created_at) < now() - $1::bigint * interval '1 microsecond' OR o.aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
 ORDER BY o.id
 LIMIT $2`
 

@@ -19,7 +19,9 @@ type Message struct {
 	// Payload is the row's JSON payload, published unchanged.
 	Payload []byte
 	// Headers are the row's own headers.
-	Headers   map[string]string
+	Headers map[string]string
+	// CreatedAt is when the row became pending: its created_at, or when
+	// an operator last requeued it (replay, unpark).
 	CreatedAt time.Time
 }
 

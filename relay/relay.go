@@ -123,7 +123,8 @@ type BatchResult struct {
 	// Permanent failures (held out), Transient failures (retried).
 	Permanent, Transient int
 	// Holds are the rows this batch held out, one per failed aggregate:
-	// the row that failed, not the rows behind it.
+	// the row that failed, not the rows behind it; less any another
+	// relayer held a moment before (the hold stands as it recorded it).
 	Holds []Hold
 	// Deferred rows that followed a failed row of their aggregate: left
 	// pending so order is kept.
@@ -465,7 +466,7 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 		}
 	}
 	if len(holds) > 0 {
-		if err := r.recordHolds(ctx, tx, holds); err != nil {
+		if holds, err = r.recordHolds(ctx, tx, holds); err != nil {
 			return res, err
 		}
 	}
@@ -580,8 +581,9 @@ func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *B
 }
 
 // recordHolds writes holds into the failures table within the batch's
-// transaction and fills in their attempt counts and hold ends.
-func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) error {
+// transaction and returns them with their attempt counts and hold ends,
+// less those another relayer had just recorded (holdSQL).
+func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) ([]Hold, error) {
 	ids := make([]int64, len(holds))
 	aggs := make([]uuid.UUID, len(holds))
 	types := make([]string, len(holds))
@@ -592,7 +594,7 @@ func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) erro
 	}
 	rows, err := tx.Query(ctx, r.holdSQL, ids, aggs, types, reasons, msgs, r.cfg.HoldOut.Microseconds(), r.cfg.MaxHoldOut.Microseconds())
 	if err != nil {
-		return fmt.Errorf("record %d held rows: %w", len(holds), err)
+		return nil, fmt.Errorf("record %d held rows: %w", len(holds), err)
 	}
 	byID := make(map[int64]int, len(holds))
 	for i, h := range holds {
@@ -609,9 +611,9 @@ func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) erro
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("record %d held rows: %w", len(holds), err)
+		return nil, fmt.Errorf("record %d held rows: %w", len(holds), err)
 	}
-	return nil
+	return slices.DeleteFunc(holds, func(h Hold) bool { return h.Attempts == 0 }), nil
 }
 
 // maxErrorLen caps a recorded error: enough for any broker or relayer

@@ -107,7 +107,7 @@ const claimSQL = `WITH held AS MATERIALIZED (
 ), marked AS (
   UPDATE {{table}} SET dispatched_at = now()
   WHERE id = ANY(ARRAY(SELECT id FROM accepted))
-  RETURNING id, aggregate_id, type, payload, headers, created_at
+  RETURNING id, aggregate_id, type, payload, headers, coalesce(requeued_at, created_at) AS created_at
 )
 SELECT m.id, m.aggregate_id, m.type, m.payload, m.headers, m.created_at, c.locked
 FROM (SELECT count(*) AS locked FROM candidates) c LEFT JOIN marked m ON true`
@@ -133,15 +133,18 @@ const unmarkSQL = `UPDATE {{table}} SET dispatched_at = NULL WHERE id = ANY($1::
 // batch's transaction: the first failure holds the row's aggregate for $6
 // (HoldOut, in microseconds), each later one for twice as long as the last,
 // up to $7 (MaxHoldOut), each with 10% jitter so that holds recorded
-// together do not all expire together. The primary key (event_id) serves
-// the upsert. Parameters: $1 ids, $2 aggregates, $3 types, $4 reasons, $5
-// errors.
+// together do not all expire together. A row whose hold is still active
+// was just held by another relayer, whose claim this one's snapshot
+// predated: it is left as recorded (the attempt is not counted twice) and
+// not returned. The primary key (event_id) serves the upsert. Parameters:
+// $1 ids, $2 aggregates, $3 types, $4 reasons, $5 errors.
 const holdSQL = `INSERT INTO {{failures}} AS f (event_id, aggregate_id, type, reason, error, first_failed_at, failed_at, held_until)
 SELECT id, agg, typ, reason, err, now(), now(), now() + $6::bigint * (0.9 + 0.2 * random()) * interval '1 microsecond'
 FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[]) AS u(id, agg, typ, reason, err)
 ON CONFLICT (event_id) DO UPDATE
   SET reason = EXCLUDED.reason, error = EXCLUDED.error, failed_at = EXCLUDED.failed_at, attempts = f.attempts + 1,
       held_until = now() + least($6::bigint * power(2, least(f.attempts, 30)), $7::bigint) * (0.9 + 0.2 * random()) * interval '1 microsecond'
+  WHERE f.held_until IS NULL OR f.held_until <= now()
 RETURNING event_id, attempts, held_until`
 
 func render(sql string, tables outbox.Tables) string {

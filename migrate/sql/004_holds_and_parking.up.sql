@@ -26,3 +26,12 @@ CREATE TABLE {{.Parked}} (
   reason        TEXT        NOT NULL,
   last_error    TEXT
 );
+
+-- When an operator last put a row back to pending (`outbox events replay`,
+-- `outbox events unpark`); NULL for a row pending since its insert.
+-- created_at stays the event's own time (cleanup walks ids in created_at
+-- order), while lag, stuck rows and commit-to-publish latency measure from
+-- coalesce(requeued_at, created_at): how long the row has waited this time.
+-- A nullable column without a default: adding it rewrites nothing, and
+-- Emit never sets it.
+ALTER TABLE {{.Outbox}} ADD COLUMN requeued_at TIMESTAMPTZ;
