@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -19,12 +20,19 @@ Kafka client works against it: outbox relay, kcat, librdkafka, Java. It does
 not replicate: use it for development, demos and tests, not production.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			if cfg.MaxMessageBytes < 0 {
+				return fmt.Errorf("--max-message-bytes %d: use a positive size in bytes, or 0 for the default %d", cfg.MaxMessageBytes, kafka.DefaultMaxMessageBytes)
+			}
 			b, err := kafka.StartDevBroker(cfg)
 			if err != nil {
 				return err
 			}
 			defer b.Close()
-			fmt.Fprintf(g.stdout, "dev kafka broker listening on %s (partitions per new topic: %d)\n", b.Addr(), cfg.Partitions)
+			maxBytes := strconv.Itoa(cfg.MaxMessageBytes)
+			if cfg.MaxMessageBytes == 0 {
+				maxBytes = fmt.Sprintf("%d (the default)", kafka.DefaultMaxMessageBytes)
+			}
+			fmt.Fprintf(g.stdout, "dev kafka broker listening on %s (partitions per new topic: %d, message.max.bytes: %s)\n", b.Addr(), cfg.Partitions, maxBytes)
 			<-c.Context().Done()
 			fmt.Fprintln(g.stdout, "dev kafka broker stopped")
 			return nil
@@ -33,5 +41,6 @@ not replicate: use it for development, demos and tests, not production.`,
 	cmd.Flags().StringVar(&cfg.Listen, "listen", "127.0.0.1:9092", "host:port to listen on (port 0 picks one)")
 	cmd.Flags().IntVar(&cfg.Partitions, "partitions", 6, "partitions of auto-created topics")
 	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "directory to persist topics and offsets in (default: memory only)")
+	cmd.Flags().IntVar(&cfg.MaxMessageBytes, "max-message-bytes", 0, "the broker's message.max.bytes: larger record batches are refused with MESSAGE_TOO_LARGE (0: Kafka's default, 1048588)")
 	return cmd
 }

@@ -196,8 +196,8 @@ func TestWatchdogNamesPoisonRow(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		code, stdout, _ = runCLI(t, db, "watchdog", "--stuck-after", "1s")
-		return code == 0
-	}, 20*time.Second, 200*time.Millisecond, "watchdog did not turn healthy once the poison row was gone")
+		return code == 0 && strings.Contains(stdout, ": 0 pending,")
+	}, 20*time.Second, 200*time.Millisecond, "watchdog did not turn healthy, with nothing pending, once the poison row was gone")
 	require.Contains(t, stdout, ": 0 pending,")
 	require.Zero(t, count(t, db, "dispatched_at IS NULL"))
 }

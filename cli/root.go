@@ -86,7 +86,17 @@ Configuration comes from flags, with environment fallbacks:
 		return fmt.Errorf("%s (see 'outbox %s --help')", err, c.Name())
 	})
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "Postgres connection string; env DATABASE_URL; libpq defaults (PGHOST, ...) when empty")
+	// The default stays empty, and the environment is read only when a
+	// command runs: a default shows in every --help, and a connection
+	// string carries a password. Cobra runs only the nearest
+	// PersistentPreRun, so no subcommand may set its own (bench and demo
+	// read g.databaseURL directly).
+	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres connection string (default: env DATABASE_URL; libpq defaults (PGHOST, ...) when both are empty)")
+	root.PersistentPreRun = func(c *cobra.Command, _ []string) {
+		if !c.Flags().Changed("database-url") {
+			g.databaseURL = os.Getenv("DATABASE_URL")
+		}
+	}
 	pf.StringVar(&g.schema, "schema", outbox.DefaultSchema, "schema holding the outbox tables")
 	pf.StringVar(&g.table, "table", outbox.DefaultOutboxTable, "outbox table name")
 	pf.StringVar(&g.processed, "processed-table", outbox.DefaultProcessedTable, "consumer dedupe table name")
@@ -100,6 +110,7 @@ Configuration comes from flags, with environment fallbacks:
 		newDevKafkaCmd(g),
 		newStatsCmd(g),
 		newDemoCmd(g),
+		newEventsCmd(g),
 	)
 	for _, extra := range extraCommands {
 		root.AddCommand(extra(g))

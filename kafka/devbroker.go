@@ -18,6 +18,10 @@ type DevBrokerConfig struct {
 	Partitions int
 	// DataDir, when set, persists topics and offsets across restarts.
 	DataDir string
+	// MaxMessageBytes sets the broker's message.max.bytes: the largest
+	// record batch it accepts, and the max.message.bytes of topics that do
+	// not set their own. Defaults to 0: kfake's default, Kafka's 1048588.
+	MaxMessageBytes int
 	// Opts are extra kfake options (fault injection, broker configs).
 	Opts []kfake.Opt
 }
@@ -55,6 +59,9 @@ func StartDevBroker(cfg DevBrokerConfig) (*DevBroker, error) {
 	if cfg.Partitions < 0 {
 		return nil, fmt.Errorf("kafka: dev broker partitions is %d; use a positive number", cfg.Partitions)
 	}
+	if cfg.MaxMessageBytes < 0 {
+		return nil, fmt.Errorf("kafka: dev broker max message bytes is %d; use a positive size, or 0 for the default %d", cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.AllowAutoTopicCreation(),
@@ -66,6 +73,9 @@ func StartDevBroker(cfg DevBrokerConfig) (*DevBroker, error) {
 	}
 	if cfg.DataDir != "" {
 		opts = append(opts, kfake.DataDir(cfg.DataDir))
+	}
+	if cfg.MaxMessageBytes > 0 {
+		opts = append(opts, kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(cfg.MaxMessageBytes)}))
 	}
 	opts = append(opts, cfg.Opts...)
 	c, err := kfake.NewCluster(opts...)

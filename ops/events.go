@@ -1,0 +1,987 @@
+package ops
+
+// The operator's verbs on single events: show, retry, park, unpark and
+// replay (`outbox events ...`). Each mutating verb is a dry run unless its
+// config says Apply: the dry run reads what would change and changes
+// nothing; the applied run changes it in a transaction, NOTIFYs the
+// relayers on the outbox's channel in that same transaction (so they wake
+// when the change is visible) and logs one Info line naming the ids.
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/migrate"
+)
+
+// Beginner opens a transaction; *pgxpool.Pool and *pgx.Conn have it (a
+// pgx.Tx too, which runs the verb in a savepoint: Replay's chunks then
+// commit only with the caller's transaction).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Errors the operator verbs return, wrapped in a message that says which
+// event and what to do; test with errors.Is.
+var (
+	// ErrEventNotFound: the id is neither in the outbox nor parked.
+	ErrEventNotFound = errors.New("ops: event not found")
+	// ErrEventDispatched: the verb needs a pending row and the row was
+	// dispatched.
+	ErrEventDispatched = errors.New("ops: event already dispatched")
+	// ErrEventParked: the verb needs the row in the outbox and it is parked.
+	ErrEventParked = errors.New("ops: event is parked")
+	// ErrEventNotParked: Unpark was given a row that is not parked.
+	ErrEventNotParked = errors.New("ops: event is not parked")
+	// ErrEventLocked: Park could not lock the row within its LockTimeout,
+	// most likely because a relayer is publishing it.
+	ErrEventLocked = errors.New("ops: event is locked by another transaction")
+)
+
+// eventError carries one of the errors above with a message for the
+// operator.
+type eventError struct {
+	kind error
+	msg  string
+}
+
+func (e *eventError) Error() string { return e.msg }
+func (e *eventError) Unwrap() error { return e.kind }
+
+func eventErr(kind error, format string, args ...any) error {
+	return &eventError{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+// EventState says where an event is.
+type EventState string
+
+// Event states.
+const (
+	// EventPending rows are in the outbox waiting to be published.
+	EventPending EventState = "pending"
+	// EventDispatched rows are in the outbox, published.
+	EventDispatched EventState = "dispatched"
+	// EventParked rows were taken out of the outbox by Park.
+	EventParked EventState = "parked"
+)
+
+// DefaultPreviewBytes is how much of a payload ShowEvent returns unless
+// asked for all of it.
+const DefaultPreviewBytes = 500
+
+// ShowConfig says which event ShowEvent reads.
+type ShowConfig struct {
+	// Tables names the outbox. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// ID is the event's id (the event_id header). Required.
+	ID int64
+	// PreviewBytes caps EventDetail.Payload; negative returns the whole
+	// payload. Defaults to DefaultPreviewBytes.
+	PreviewBytes int
+}
+
+// EventDetail is what ShowEvent found about one event.
+type EventDetail struct {
+	ID          int64
+	AggregateID uuid.UUID
+	Type        string
+	State       EventState
+	CreatedAt   time.Time
+	// DispatchedAt is zero unless State is EventDispatched.
+	DispatchedAt time.Time
+	// PayloadBytes is the length of the payload as it is published: the
+	// text of its JSONB value.
+	PayloadBytes int
+	// RecordBytes is the most bytes the event's Kafka record batch takes
+	// when it travels alone (outbox.RecordSize, without an event_source
+	// header): what the topic's max.message.bytes is compared with. Zero
+	// when the headers are not a JSON object of strings (such a row cannot
+	// be published).
+	RecordBytes int
+	// Payload is the payload's JSON text, whole or cut to PreviewBytes at a
+	// character boundary (then PayloadTruncated is set).
+	Payload          string
+	PayloadTruncated bool
+	// Headers is the row's headers column as JSON text; nil when NULL.
+	Headers json.RawMessage
+	// Failure is the last permanent failure a relayer recorded for the
+	// event; nil when none is recorded.
+	Failure *EventFailure
+	// BlockedBy is, for a pending row, the earliest pending row of its
+	// aggregate before it: the row waits behind that one to keep the
+	// aggregate's order. Zero when it is its aggregate's oldest pending
+	// row, or not pending.
+	BlockedBy int64
+	// Parked is set when State is EventParked.
+	Parked *ParkInfo
+}
+
+// EventFailure is a row of the failures table (migrate.FailuresIdent).
+type EventFailure struct {
+	// Reason is a short code: too_large, undecodable, invalid_topic,
+	// reserved_header, broker_refused.
+	Reason string
+	// Error is the whole message of the last failure.
+	Error                   string
+	Attempts                int
+	FirstFailedAt, FailedAt time.Time
+	// HeldUntil is when the hold on the event's aggregate ends; zero when
+	// no hold is set (lifted by Retry).
+	HeldUntil time.Time
+	// HoldActive: HeldUntil is in the future and the row is pending, so
+	// every relayer skips its aggregate until then.
+	HoldActive bool
+}
+
+// ParkInfo is why and when an event was parked.
+type ParkInfo struct {
+	ParkedAt time.Time
+	Reason   string
+	// LastError is the failure recorded when it was parked; "" for none.
+	LastError string
+}
+
+// showSQL reads one outbox row by primary key, with its failure record (by
+// the failures table's primary key) and, for a pending row, the earliest
+// pending row of its aggregate before it. That walks the pending index
+// (id) WHERE dispatched_at IS NULL from its start up to the row and stops
+// at the first row of the aggregate, as the watchdog's BlockedBy does:
+// there is no index on aggregate_id (migration 3 dropped it). $1 id, $2 how
+// many characters of the payload text to return (-1: all).
+const showSQL = `SELECT o.id, o.aggregate_id, o.type, o.created_at, o.dispatched_at,
+  octet_length(o.payload::text),
+  CASE WHEN $2::int < 0 THEN o.payload::text ELSE left(o.payload::text, $2::int) END,
+  o.headers::text,
+  f.event_id IS NOT NULL, f.reason, f.error, f.attempts, f.first_failed_at, f.failed_at, f.held_until,
+  coalesce(o.dispatched_at IS NULL AND f.held_until > now(), false),
+  CASE WHEN o.dispatched_at IS NULL THEN (
+    SELECT p.id FROM {{outbox}} p
+    WHERE p.dispatched_at IS NULL AND p.id < o.id AND p.aggregate_id = o.aggregate_id
+    ORDER BY p.id LIMIT 1)
+  END
+FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id
+WHERE o.id = $1`
+
+// showParkedSQL reads one parked row by the parked table's primary key. $1
+// id, $2 as in showSQL.
+const showParkedSQL = `SELECT id, aggregate_id, type, created_at,
+  octet_length(payload::text),
+  CASE WHEN $2::int < 0 THEN payload::text ELSE left(payload::text, $2::int) END,
+  headers::text, parked_at, reason, last_error
+FROM {{parked}} WHERE id = $1`
+
+// ShowEvent reads one event: its row in the outbox with its recorded
+// failure and the row it waits behind, or else its parked row. It returns
+// an error wrapping ErrEventNotFound when the id is in neither.
+//
+// It runs up to two statements; for a consistent view of an event that an
+// operator may be moving at the same time, pass a REPEATABLE READ
+// transaction as db (the CLI does).
+func ShowEvent(ctx context.Context, db Queryer, cfg ShowConfig) (EventDetail, error) {
+	if err := cfg.Tables.Validate(); err != nil {
+		return EventDetail{}, err
+	}
+	t := cfg.Tables.WithDefaults()
+	if cfg.ID <= 0 {
+		return EventDetail{}, fmt.Errorf("ops: event id %d: ids are positive; take it from the event_id header or `outbox watchdog`", cfg.ID)
+	}
+	preview := cfg.PreviewBytes
+	if preview == 0 {
+		preview = DefaultPreviewBytes
+	}
+	return showEvent(ctx, db, t, cfg.ID, preview)
+}
+
+func showEvent(ctx context.Context, db Queryer, t outbox.Tables, id int64, preview int) (EventDetail, error) {
+	chars := preview
+	if preview < 0 {
+		chars = -1
+	}
+	d := EventDetail{ID: id}
+	var (
+		dispatched *time.Time
+		headers    *string
+		hasFailure bool
+		reason     *string
+		errText    *string
+		attempts   *int
+		first      *time.Time
+		failed     *time.Time
+		heldUntil  *time.Time
+		blockedBy  *int64
+		f          EventFailure
+	)
+	err := db.QueryRow(ctx, renderEvents(showSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt, &dispatched,
+		&d.PayloadBytes, &d.Payload, &headers,
+		&hasFailure, &reason, &errText, &attempts, &first, &failed, &heldUntil, &f.HoldActive, &blockedBy)
+	switch {
+	case err == nil:
+		d.State = EventPending
+		if dispatched != nil {
+			d.State, d.DispatchedAt = EventDispatched, *dispatched
+		}
+		if hasFailure {
+			f.Reason, f.Error, f.Attempts, f.FirstFailedAt, f.FailedAt = *reason, *errText, *attempts, *first, *failed
+			if heldUntil != nil {
+				f.HeldUntil = *heldUntil
+			}
+			d.Failure = &f
+		}
+		if blockedBy != nil {
+			d.BlockedBy = *blockedBy
+		}
+	case errors.Is(err, pgx.ErrNoRows):
+		var p ParkInfo
+		var lastErr *string
+		err = db.QueryRow(ctx, renderEvents(showParkedSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt,
+			&d.PayloadBytes, &d.Payload, &headers, &p.ParkedAt, &p.Reason, &lastErr)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return d, notFound(t, id)
+		}
+		if err != nil {
+			return d, fmt.Errorf("ops: read event %d from %s: %w", id, migrate.ParkedIdent(t), err)
+		}
+		if lastErr != nil {
+			p.LastError = *lastErr
+		}
+		d.State, d.Parked = EventParked, &p
+	default:
+		return d, fmt.Errorf("ops: read event %d from %s: %w", id, t.OutboxIdent(), err)
+	}
+	if headers != nil {
+		d.Headers = json.RawMessage(*headers)
+	}
+	if preview >= 0 && len(d.Payload) > preview {
+		d.Payload = cutUTF8(d.Payload, preview)
+	}
+	d.PayloadTruncated = len(d.Payload) < d.PayloadBytes
+	var hm map[string]string
+	if d.Headers == nil || json.Unmarshal(d.Headers, &hm) == nil {
+		d.RecordBytes = outbox.RecordSize(d.ID, d.Type, d.PayloadBytes, hm, "")
+	}
+	return d, nil
+}
+
+// cutUTF8 cuts s to at most n bytes without splitting a character.
+func cutUTF8(s string, n int) string {
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func notFound(t outbox.Tables, id int64) error {
+	return eventErr(ErrEventNotFound, "event %d is neither in %s nor parked in %s: no such id was written, "+
+		"or retention cleanup deleted it after it was dispatched (dispatched rows are kept for the cleanup's retention, 7 days by default)",
+		id, t.OutboxIdent(), migrate.ParkedIdent(t))
+}
+
+// Hold is an active hold on an event's aggregate: a failures row whose
+// held_until is in the future while the event is pending.
+type Hold struct {
+	EventID     int64
+	AggregateID uuid.UUID
+	Type        string
+	Reason      string
+	Error       string
+	Attempts    int
+	// HeldUntil is when the hold would have ended.
+	HeldUntil time.Time
+}
+
+// RetryConfig says whose holds Retry lifts: one event's, or every held
+// event's of one aggregate. Set exactly one of EventID and AggregateID.
+type RetryConfig struct {
+	// Tables names the outbox. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// EventID lifts the hold of this event.
+	EventID int64
+	// AggregateID lifts the holds of every pending event of this aggregate.
+	AggregateID uuid.UUID
+	// Apply lifts them; otherwise Retry only reports what it would lift.
+	// Defaults to false: a dry run.
+	Apply bool
+	// Logger receives the Info line of an applied run. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// RetryResult is what Retry lifted, or would lift.
+type RetryResult struct {
+	// Applied is false for a dry run.
+	Applied bool
+	// Holds are the holds lifted (or that would be), in event id order.
+	// Empty when there is nothing to do.
+	Holds []Hold
+	// BlockedBy is set when the event Retry was given is not held but
+	// waits behind this earlier pending row of its aggregate;
+	// BlockedByHold is that row's hold, when it has one: the hold to lift.
+	BlockedBy     int64
+	BlockedByHold *Hold
+}
+
+// activeHoldsSQL lists the active holds of one event (the failures table's
+// primary key) or of one aggregate (no index: the failures table holds one
+// row per stuck event, a handful), each checked against its outbox row by
+// primary key. {{match}} is holdByEvent or holdByAggregate.
+const activeHoldsSQL = `SELECT f.event_id, f.aggregate_id, f.type, f.reason, f.error, f.attempts, f.held_until
+FROM {{failures}} f
+WHERE {{match}} AND f.held_until > now()
+  AND EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
+ORDER BY f.event_id`
+
+// liftHoldsSQL lifts the holds activeHoldsSQL lists, and only the hold:
+// the failure's history (reason, error, attempts) stays. The rows are
+// locked first so that the reported held_until is the one lifted.
+const liftHoldsSQL = `WITH held AS (
+  SELECT f.event_id, f.held_until FROM {{failures}} f
+  WHERE {{match}} AND f.held_until > now()
+    AND EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
+  FOR UPDATE OF f
+)
+UPDATE {{failures}} f SET held_until = NULL
+FROM held WHERE f.event_id = held.event_id
+RETURNING f.event_id, f.aggregate_id, f.type, f.reason, f.error, f.attempts, held.held_until`
+
+const (
+	holdByEvent     = "f.event_id = $1"
+	holdByAggregate = "f.aggregate_id = $1"
+)
+
+// notifySQL wakes every relayer listening on the outbox's channel; sent in
+// the verb's transaction, it is delivered when the change commits.
+const notifySQL = `SELECT pg_notify($1, '')`
+
+// Retry lifts holds: it sets held_until to NULL on the failures rows of
+// the event (or aggregate) whose hold is active, so that every running
+// relayer tries the aggregate again at its next claim, and NOTIFYs them.
+// The failures' history (reason, error, attempts) stays.
+//
+// Retrying one event returns an error wrapping ErrEventNotFound,
+// ErrEventDispatched (replay it instead) or ErrEventParked (unpark it
+// instead). A pending event that is not held is nothing to do: the result
+// has no Holds, and says which row it waits behind, if any.
+func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, error) {
+	res := RetryResult{Applied: cfg.Apply}
+	if err := cfg.Tables.Validate(); err != nil {
+		return res, err
+	}
+	t := cfg.Tables.WithDefaults()
+	byEvent := cfg.EventID != 0
+	switch {
+	case byEvent == (cfg.AggregateID != uuid.Nil):
+		return res, errors.New("ops: retry needs either an event id or an aggregate id, not both and not neither")
+	case cfg.EventID < 0:
+		return res, fmt.Errorf("ops: event id %d: ids are positive", cfg.EventID)
+	}
+	log := logger(cfg.Logger, t)
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("ops: retry: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	match, arg := holdByAggregate, any(cfg.AggregateID)
+	if byEvent {
+		match, arg = holdByEvent, cfg.EventID
+		d, err := showEvent(ctx, tx, t, cfg.EventID, 0)
+		if err != nil {
+			return res, err
+		}
+		switch d.State {
+		case EventDispatched:
+			return res, eventErr(ErrEventDispatched, "event %d was dispatched at %s: there is no hold to lift. To publish it again, replay it: "+
+				"`outbox events replay --from-id %d --to-id %d`", d.ID, fmtTime(d.DispatchedAt), d.ID, d.ID)
+		case EventParked:
+			return res, eventErr(ErrEventParked, "event %d is parked (since %s, reason %q): relayers do not see it. "+
+				"To send it again, unpark it: `outbox events unpark %d`", d.ID, fmtTime(d.Parked.ParkedAt), d.Parked.Reason, d.ID)
+		}
+		if d.Failure == nil || !d.Failure.HoldActive {
+			res.BlockedBy = d.BlockedBy
+			if d.BlockedBy != 0 {
+				b, err := showEvent(ctx, tx, t, d.BlockedBy, 0)
+				if err != nil && !errors.Is(err, ErrEventNotFound) {
+					return res, err
+				}
+				if err == nil && b.Failure != nil && b.Failure.HoldActive {
+					res.BlockedByHold = &Hold{EventID: b.ID, AggregateID: b.AggregateID, Type: b.Type, Reason: b.Failure.Reason,
+						Error: b.Failure.Error, Attempts: b.Failure.Attempts, HeldUntil: b.Failure.HeldUntil}
+				}
+			}
+			return res, nil
+		}
+	}
+
+	stmt := activeHoldsSQL
+	if cfg.Apply {
+		stmt = liftHoldsSQL
+	}
+	rows, err := tx.Query(ctx, strings.ReplaceAll(renderEvents(stmt, t), "{{match}}", match), arg)
+	if err != nil {
+		return res, fmt.Errorf("ops: retry: read holds in %s: %w", migrate.FailuresIdent(t), err)
+	}
+	res.Holds, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Hold, error) {
+		var h Hold
+		err := r.Scan(&h.EventID, &h.AggregateID, &h.Type, &h.Reason, &h.Error, &h.Attempts, &h.HeldUntil)
+		return h, err
+	})
+	if err != nil {
+		return res, fmt.Errorf("ops: retry: lift holds in %s: %w", migrate.FailuresIdent(t), err)
+	}
+	if !cfg.Apply || len(res.Holds) == 0 {
+		return res, nil
+	}
+	// RETURNING comes in no particular order.
+	slices.SortFunc(res.Holds, func(a, b Hold) int { return cmp.Compare(a.EventID, b.EventID) })
+	if err := notifyAndCommit(ctx, tx, t); err != nil {
+		return res, fmt.Errorf("ops: retry: %w", err)
+	}
+	ids := make([]int64, len(res.Holds))
+	for i, h := range res.Holds {
+		ids[i] = h.EventID
+	}
+	args := []any{"verb", "retry", "event_ids", ids}
+	if !byEvent {
+		args = append(args, "aggregate_id", cfg.AggregateID)
+	}
+	log.Info("lifted holds on outbox events; relayers retry them at their next claim", args...)
+	return res, nil
+}
+
+// DefaultParkLockTimeout is how long Park waits for the row's lock.
+const DefaultParkLockTimeout = 5 * time.Second
+
+// ParkConfig says which event Park takes out of the outbox, and why.
+type ParkConfig struct {
+	// Tables names the outbox. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// ID is the pending event to park. Required.
+	ID int64
+	// Reason says why, for whoever unparks it. Required.
+	Reason string
+	// LockTimeout bounds the wait for the row's lock: a relayer may be
+	// publishing it. Defaults to DefaultParkLockTimeout (5s).
+	LockTimeout time.Duration
+	// Apply parks it; otherwise Park only reports what it would do.
+	// Defaults to false: a dry run.
+	Apply bool
+	// Logger receives the Info line of an applied run. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// ParkedEvent is an event in the parked table (or, in a dry run, one that
+// would be).
+type ParkedEvent struct {
+	ID          int64
+	AggregateID uuid.UUID
+	Type        string
+	CreatedAt   time.Time
+	// ParkedAt is zero in a dry run of Park.
+	ParkedAt time.Time
+	Reason   string
+	// LastError is the failure recorded for it when it was parked; "" for
+	// none.
+	LastError string
+}
+
+// ParkResult is what Park did, or would do.
+type ParkResult struct {
+	// Applied is false for a dry run.
+	Applied bool
+	Event   ParkedEvent
+	// LaterPending counts the later pending rows of the event's aggregate:
+	// parked, the event no longer holds them back, so they are published
+	// before it.
+	LaterPending int64
+}
+
+// lockPendingSQL reads one outbox row by primary key; an applied run adds
+// FOR UPDATE (under a lock_timeout) so no relayer claims it meanwhile.
+const lockPendingSQL = `SELECT aggregate_id, type, created_at, dispatched_at FROM {{outbox}} WHERE id = $1`
+
+// laterPendingSQL counts the pending rows of an aggregate after an id: a
+// walk of the pending index (id) WHERE dispatched_at IS NULL from that id
+// to its end (no index on aggregate_id). $1 aggregate, $2 id.
+const laterPendingSQL = `SELECT count(*) FROM {{outbox}} WHERE dispatched_at IS NULL AND id > $2 AND aggregate_id = $1`
+
+// lastErrorSQL reads an event's recorded failure by primary key.
+const lastErrorSQL = `SELECT error FROM {{failures}} WHERE event_id = $1`
+
+// parkSQL moves one pending outbox row (by primary key) into the parked
+// table whole, with the reason and the last recorded error, and deletes
+// its failure record (by primary key): its hold goes with it. $1 id, $2
+// reason.
+const parkSQL = `WITH moved AS (
+  DELETE FROM {{outbox}} WHERE id = $1 AND dispatched_at IS NULL
+  RETURNING id, aggregate_id, type, payload, headers, created_at
+), failure AS (
+  DELETE FROM {{failures}} WHERE event_id = (SELECT id FROM moved)
+  RETURNING error
+)
+INSERT INTO {{parked}} (id, aggregate_id, type, payload, headers, created_at, reason, last_error)
+SELECT id, aggregate_id, type, payload, headers, created_at, $2, (SELECT error FROM failure) FROM moved
+RETURNING parked_at, last_error`
+
+// Park takes a pending event out of the outbox into the parked table
+// (migrate.ParkedIdent), with its reason and last recorded error, and
+// deletes its failure record, in one transaction; then NOTIFYs the
+// relayers. It first locks the row, waiting at most LockTimeout (a relayer
+// may be publishing it right now; then it returns an error wrapping
+// ErrEventLocked).
+//
+// Parking breaks the aggregate's order on purpose: the later events of the
+// aggregate, held back behind this one until now, are published without
+// it. Unpark puts it back.
+//
+// It returns an error wrapping ErrEventNotFound, ErrEventDispatched (a
+// published row cannot be parked) or ErrEventParked (already parked).
+func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) {
+	res := ParkResult{Applied: cfg.Apply}
+	if err := cfg.Tables.Validate(); err != nil {
+		return res, err
+	}
+	t := cfg.Tables.WithDefaults()
+	if cfg.ID <= 0 {
+		return res, fmt.Errorf("ops: event id %d: ids are positive", cfg.ID)
+	}
+	if strings.TrimSpace(cfg.Reason) == "" {
+		return res, errors.New("ops: park needs a reason: it is kept with the parked row for whoever unparks it")
+	}
+	if why := outbox.ValidText(cfg.Reason); why != "" {
+		return res, fmt.Errorf("ops: park reason %s; write it as plain text", why)
+	}
+	if cfg.LockTimeout < 0 {
+		return res, fmt.Errorf("ops: park LockTimeout is %s; use a positive duration, or 0 for the default %s", cfg.LockTimeout, DefaultParkLockTimeout)
+	}
+	if cfg.LockTimeout == 0 {
+		cfg.LockTimeout = DefaultParkLockTimeout
+	}
+	log := logger(cfg.Logger, t)
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("ops: park: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	ev := ParkedEvent{ID: cfg.ID, Reason: cfg.Reason}
+	var dispatched *time.Time
+	q := renderEvents(lockPendingSQL, t)
+	if cfg.Apply {
+		q += " FOR UPDATE"
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
+			return res, fmt.Errorf("ops: park: set lock_timeout: %w", err)
+		}
+	}
+	err = tx.QueryRow(ctx, q, cfg.ID).Scan(&ev.AggregateID, &ev.Type, &ev.CreatedAt, &dispatched)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+		return res, eventErr(ErrEventLocked, "event %d is locked by another transaction, most likely a relayer publishing it right now "+
+			"(waited %s); try again in a few seconds", cfg.ID, cfg.LockTimeout)
+	case errors.Is(err, pgx.ErrNoRows):
+		d, err := showEvent(ctx, tx, t, cfg.ID, 0)
+		if err != nil {
+			return res, err
+		}
+		if d.State != EventParked {
+			return res, fmt.Errorf("ops: park: event %d moved while it was being read (unparked just now?); try again", cfg.ID)
+		}
+		return res, eventErr(ErrEventParked, "event %d is already parked (since %s, reason %q); nothing to do",
+			cfg.ID, fmtTime(d.Parked.ParkedAt), d.Parked.Reason)
+	case err != nil:
+		return res, fmt.Errorf("ops: park: read event %d: %w", cfg.ID, err)
+	case dispatched != nil:
+		return res, eventErr(ErrEventDispatched, "event %d was dispatched at %s: it is published, so it cannot be parked", cfg.ID, fmtTime(*dispatched))
+	}
+	if err := tx.QueryRow(ctx, renderEvents(laterPendingSQL, t), ev.AggregateID, cfg.ID).Scan(&res.LaterPending); err != nil {
+		return res, fmt.Errorf("ops: park: count the later rows of aggregate %s: %w", ev.AggregateID, err)
+	}
+	if !cfg.Apply {
+		var lastErr *string
+		err := tx.QueryRow(ctx, renderEvents(lastErrorSQL, t), cfg.ID).Scan(&lastErr)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return res, fmt.Errorf("ops: park: read the failure of event %d: %w", cfg.ID, err)
+		}
+		if lastErr != nil {
+			ev.LastError = *lastErr
+		}
+		res.Event = ev
+		return res, nil
+	}
+	var lastErr *string
+	if err := tx.QueryRow(ctx, renderEvents(parkSQL, t), cfg.ID, cfg.Reason).Scan(&ev.ParkedAt, &lastErr); err != nil {
+		return res, fmt.Errorf("ops: park event %d into %s: %w", cfg.ID, migrate.ParkedIdent(t), err)
+	}
+	if lastErr != nil {
+		ev.LastError = *lastErr
+	}
+	res.Event = ev
+	if err := notifyAndCommit(ctx, tx, t); err != nil {
+		return res, fmt.Errorf("ops: park: %w", err)
+	}
+	log.Info("parked outbox event; the later events of its aggregate are published without it",
+		"verb", "park", "event_id", ev.ID, "aggregate_id", ev.AggregateID, "type", ev.Type, "reason", ev.Reason,
+		"later_pending", res.LaterPending)
+	return res, nil
+}
+
+// UnparkConfig says which parked event Unpark puts back.
+type UnparkConfig struct {
+	// Tables names the outbox. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// ID is the parked event. Required.
+	ID int64
+	// Apply puts it back; otherwise Unpark only reports what it would do.
+	// Defaults to false: a dry run.
+	Apply bool
+	// Logger receives the Info line of an applied run. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// UnparkResult is what Unpark did, or would do.
+type UnparkResult struct {
+	// Applied is false for a dry run.
+	Applied bool
+	// Event is the parked row, as it was.
+	Event ParkedEvent
+	// LaterPending counts the pending rows of its aggregate after it: it is
+	// published before them.
+	LaterPending int64
+}
+
+// parkedSQL reads (and in an applied run locks, so two unparks do not
+// race) one parked row by primary key.
+const parkedSQL = `SELECT aggregate_id, type, created_at, parked_at, reason, last_error FROM {{parked}} WHERE id = $1`
+
+// unparkSQL moves a parked row (by primary key) back into the outbox under
+// its id, pending, with its created_at, and drops any failure record left
+// for that id, so its first try starts afresh.
+const unparkSQL = `WITH p AS (
+  DELETE FROM {{parked}} WHERE id = $1
+  RETURNING id, aggregate_id, type, payload, headers, created_at
+), stale AS (
+  DELETE FROM {{failures}} WHERE event_id = (SELECT id FROM p)
+)
+INSERT INTO {{outbox}} (id, aggregate_id, type, payload, headers, created_at, requeued_at)
+SELECT id, aggregate_id, type, payload, headers, created_at, now() FROM p`
+
+// Unpark moves a parked event back into the outbox under its original id,
+// pending, with its created_at kept, deletes its parked row, and NOTIFYs
+// the relayers. Being the oldest pending row of its aggregate (its id is
+// older than any row emitted since), it is published next for that
+// aggregate: after the rows of the aggregate that went out while it was
+// parked, out of its original order. Its requeued_at is set to now(), so
+// the lag and the watchdog count its wait from the unpark, not its age.
+//
+// It returns an error wrapping ErrEventNotParked (the event is in the
+// outbox) or ErrEventNotFound.
+func Unpark(ctx context.Context, db Beginner, cfg UnparkConfig) (UnparkResult, error) {
+	res := UnparkResult{Applied: cfg.Apply}
+	if err := cfg.Tables.Validate(); err != nil {
+		return res, err
+	}
+	t := cfg.Tables.WithDefaults()
+	if cfg.ID <= 0 {
+		return res, fmt.Errorf("ops: event id %d: ids are positive", cfg.ID)
+	}
+	log := logger(cfg.Logger, t)
+
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("ops: unpark: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+
+	ev := ParkedEvent{ID: cfg.ID}
+	q := renderEvents(parkedSQL, t)
+	if cfg.Apply {
+		q += " FOR UPDATE"
+	}
+	var lastErr *string
+	err = tx.QueryRow(ctx, q, cfg.ID).Scan(&ev.AggregateID, &ev.Type, &ev.CreatedAt, &ev.ParkedAt, &ev.Reason, &lastErr)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		d, err := showEvent(ctx, tx, t, cfg.ID, 0)
+		if err != nil {
+			return res, err
+		}
+		return res, eventErr(ErrEventNotParked, "event %d is not parked: it is in the outbox, %s; nothing to do", cfg.ID, d.State)
+	case err != nil:
+		return res, fmt.Errorf("ops: unpark: read event %d from %s: %w", cfg.ID, migrate.ParkedIdent(t), err)
+	}
+	if lastErr != nil {
+		ev.LastError = *lastErr
+	}
+	res.Event = ev
+	if err := tx.QueryRow(ctx, renderEvents(laterPendingSQL, t), ev.AggregateID, cfg.ID).Scan(&res.LaterPending); err != nil {
+		return res, fmt.Errorf("ops: unpark: count the later rows of aggregate %s: %w", ev.AggregateID, err)
+	}
+	if !cfg.Apply {
+		return res, nil
+	}
+	if _, err := tx.Exec(ctx, renderEvents(unparkSQL, t), cfg.ID); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
+			return res, fmt.Errorf("ops: unpark: %s already has a row with id %d (inserted by hand?); "+
+				"compare it with the parked row (`outbox events show %d` shows the outbox one) and delete one of them", t.OutboxIdent(), cfg.ID, cfg.ID)
+		}
+		return res, fmt.Errorf("ops: unpark event %d into %s: %w", cfg.ID, t.OutboxIdent(), err)
+	}
+	if err := notifyAndCommit(ctx, tx, t); err != nil {
+		return res, fmt.Errorf("ops: unpark: %w", err)
+	}
+	log.Info("unparked outbox event; it is published next for its aggregate, out of its original order",
+		"verb", "unpark", "event_id", ev.ID, "aggregate_id", ev.AggregateID, "type", ev.Type, "parked_reason", ev.Reason,
+		"later_pending", res.LaterPending)
+	return res, nil
+}
+
+// DefaultReplayChunk is how many ids of the primary key Replay looks at
+// per transaction.
+const DefaultReplayChunk = 10_000
+
+// ReplayConfig says which dispatched events Replay sets back to pending.
+type ReplayConfig struct {
+	// Tables names the outbox. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// FromID and ToID bound the range of ids, both included. Required.
+	FromID, ToID int64
+	// Type, when set, replays only events of this type.
+	Type string
+	// AggregateID, when set, replays only events of this aggregate.
+	AggregateID uuid.UUID
+	// ChunkSize is how many rows of the primary key one transaction looks
+	// at. Defaults to DefaultReplayChunk (10,000).
+	ChunkSize int
+	// Apply replays them; otherwise Replay only counts them. Defaults to
+	// false: a dry run.
+	Apply bool
+	// Logger receives the Info line of an applied run. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// ReplayResult is what Replay did, or would do.
+type ReplayResult struct {
+	// Applied is false for a dry run.
+	Applied bool
+	// Rows counts the rows replayed (or that would be); FirstID and LastID
+	// are the lowest and highest of their ids, 0 when none.
+	Rows, FirstID, LastID int64
+	// Pending counts rows of the range matching the filters that were
+	// pending already: they are left as they are.
+	Pending int64
+	// Chunks is the number of transactions an applied run committed.
+	Chunks int
+	// OldestID is the lowest id left in the outbox (0 when it is empty):
+	// dispatched rows below it were deleted by retention cleanup and cannot
+	// be replayed.
+	OldestID int64
+}
+
+// replayCountSQL counts, over the primary key range [$1, $2], the
+// dispatched rows a replay would set back to pending and the pending ones
+// it would leave, with the filters $3 type and $4 aggregate (NULL: any).
+const replayCountSQL = `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL),
+  count(*) FILTER (WHERE dispatched_at IS NULL),
+  coalesce(min(id) FILTER (WHERE dispatched_at IS NOT NULL), 0),
+  coalesce(max(id) FILTER (WHERE dispatched_at IS NOT NULL), 0)
+FROM {{outbox}}
+WHERE id >= $1 AND id <= $2 AND ($3::text IS NULL OR type = $3) AND ($4::uuid IS NULL OR aggregate_id = $4)`
+
+// oldestIDSQL is the first entry of the primary key.
+const oldestIDSQL = `SELECT coalesce(min(id), 0) FROM {{outbox}}`
+
+// replaySQL sets back to pending the dispatched rows matching the filters
+// ($4 type, $5 aggregate; NULL: any) among the next $3 rows of the primary
+// key from id $1 up to $2 (a window: one bounded range scan of the primary
+// key, whatever the size of the table, the range or the filters' share of
+// it), with requeued_at = now(). It returns how many it replayed, their lowest and highest id, how
+// many matching rows were pending already, how many rows it looked at and
+// the last id it looked at. Rows a relayer is claiming right now look
+// pending to it and are left alone: they are being published anyway. A
+// failure record left from a replayed row's earlier life (cleanup prunes
+// them, but may not have yet) is deleted by primary key, so it neither
+// holds the row nor shows as its failure.
+const replaySQL = `WITH win AS MATERIALIZED (
+  SELECT id, dispatched_at IS NULL AS pending,
+    ($4::text IS NULL OR type = $4) AND ($5::uuid IS NULL OR aggregate_id = $5) AS wanted
+  FROM {{outbox}}
+  WHERE id >= $1 AND id <= $2
+  ORDER BY id
+  LIMIT $3
+), upd AS (
+  UPDATE {{outbox}} o SET dispatched_at = NULL, requeued_at = now()
+  WHERE o.id = ANY(ARRAY(SELECT id FROM win WHERE wanted AND NOT pending)) AND o.dispatched_at IS NOT NULL
+  RETURNING o.id
+), stale AS (
+  DELETE FROM {{failures}} WHERE event_id = ANY(ARRAY(SELECT id FROM upd))
+)
+SELECT (SELECT count(*) FROM upd), coalesce((SELECT min(id) FROM upd), 0), coalesce((SELECT max(id) FROM upd), 0),
+  (SELECT count(*) FROM win WHERE wanted AND pending), (SELECT count(*) FROM win), coalesce((SELECT max(id) FROM win), $2)`
+
+// Replay sets dispatched events with ids in [FromID, ToID] (and the Type
+// and AggregateID, when set) back to pending, so that the relayers publish
+// them again, e.g. for a new consumer; consumers deduplicate by event_id.
+// It works in windows of ChunkSize rows of the primary key, each its own
+// transaction that NOTIFYs the relayers, never in one large update. Each
+// replayed row's requeued_at becomes now(), and its created_at stays: the
+// lag, the stuck-row watchdog and the commit-to-publish latency measure
+// how long it has waited for the replay, not its age; a failure record
+// left from its earlier life is deleted.
+//
+// Rows deleted by retention cleanup cannot be replayed (OldestID says
+// where the outbox starts). Events of one aggregate are replayed in id
+// order, but an event emitted while a replay runs can reach the broker
+// between two chunks' replayed events of its aggregate.
+//
+// When ctx is cancelled between chunks, Replay returns what it did so far
+// and ctx's error; every finished chunk stays committed.
+func Replay(ctx context.Context, db Beginner, cfg ReplayConfig) (ReplayResult, error) {
+	res := ReplayResult{Applied: cfg.Apply}
+	if err := cfg.Tables.Validate(); err != nil {
+		return res, err
+	}
+	t := cfg.Tables.WithDefaults()
+	switch {
+	case cfg.FromID <= 0 || cfg.ToID <= 0:
+		return res, fmt.Errorf("ops: replay needs a range of ids, from %d to %d: both ends are positive ids, and both are included", cfg.FromID, cfg.ToID)
+	case cfg.FromID > cfg.ToID:
+		return res, fmt.Errorf("ops: replay range from %d to %d is inverted: the first id must not be above the last", cfg.FromID, cfg.ToID)
+	case cfg.ChunkSize < 0 || cfg.ChunkSize > 1_000_000:
+		return res, fmt.Errorf("ops: replay ChunkSize is %d; use 1 to 1000000, or 0 for the default %d", cfg.ChunkSize, DefaultReplayChunk)
+	}
+	if cfg.ChunkSize == 0 {
+		cfg.ChunkSize = DefaultReplayChunk
+	}
+	var typ, agg any // NULL: any
+	if cfg.Type != "" {
+		typ = cfg.Type
+	}
+	if cfg.AggregateID != uuid.Nil {
+		agg = cfg.AggregateID
+	}
+	log := logger(cfg.Logger, t)
+
+	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, renderEvents(oldestIDSQL, t)).Scan(&res.OldestID); err != nil {
+			return err
+		}
+		if cfg.Apply {
+			return nil
+		}
+		return tx.QueryRow(ctx, renderEvents(replayCountSQL, t), cfg.FromID, cfg.ToID, typ, agg).Scan(&res.Rows, &res.Pending, &res.FirstID, &res.LastID)
+	}); err != nil {
+		return res, fmt.Errorf("ops: replay: count rows %d to %d of %s: %w", cfg.FromID, cfg.ToID, t.OutboxIdent(), err)
+	}
+	if !cfg.Apply {
+		return res, nil
+	}
+
+	q := renderEvents(replaySQL, t)
+	from := cfg.FromID
+	for {
+		var replayed, first, last, pending, scanned, lastSeen int64
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if err := tx.QueryRow(ctx, q, from, cfg.ToID, cfg.ChunkSize, typ, agg).Scan(&replayed, &first, &last, &pending, &scanned, &lastSeen); err != nil {
+				return err
+			}
+			if replayed > 0 {
+				if _, err := tx.Exec(ctx, notifySQL, t.Channel()); err != nil {
+					return fmt.Errorf("notify the relayers: %w", err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			logReplay(log, cfg, res)
+			return res, fmt.Errorf("ops: replay stopped at id %d of %d to %d after %d rows in %d chunks (those stay replayed; "+
+				"to finish, replay from id %d): %w", from, cfg.FromID, cfg.ToID, res.Rows, res.Chunks, from, err)
+		}
+		res.Chunks++
+		res.Rows += replayed
+		res.Pending += pending
+		if replayed > 0 {
+			if res.FirstID == 0 {
+				res.FirstID = first
+			}
+			res.LastID = last
+		}
+		if scanned < int64(cfg.ChunkSize) || lastSeen >= cfg.ToID {
+			break
+		}
+		from = lastSeen + 1
+		if ctx.Err() != nil {
+			logReplay(log, cfg, res)
+			return res, fmt.Errorf("ops: replay stopped at id %d of %d to %d after %d rows in %d chunks (those stay replayed; "+
+				"to finish, replay from id %d): %w", from, cfg.FromID, cfg.ToID, res.Rows, res.Chunks, from, ctx.Err())
+		}
+	}
+	logReplay(log, cfg, res)
+	return res, nil
+}
+
+func logReplay(log *slog.Logger, cfg ReplayConfig, res ReplayResult) {
+	if res.Rows == 0 {
+		return // nothing changed
+	}
+	args := []any{"verb", "replay", "from_id", cfg.FromID, "to_id", cfg.ToID, "replayed", res.Rows,
+		"first_id", res.FirstID, "last_id", res.LastID, "chunks", res.Chunks}
+	if cfg.Type != "" {
+		args = append(args, "type", cfg.Type)
+	}
+	if cfg.AggregateID != uuid.Nil {
+		args = append(args, "aggregate_id", cfg.AggregateID)
+	}
+	log.Info("replayed dispatched outbox events: set back to pending for the relayers to publish again", args...)
+}
+
+// notifyAndCommit wakes the relayers when tx commits, and commits it.
+func notifyAndCommit(ctx context.Context, tx pgx.Tx, t outbox.Tables) error {
+	if _, err := tx.Exec(ctx, notifySQL, t.Channel()); err != nil {
+		return fmt.Errorf("notify the relayers: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+func logger(l *slog.Logger, t outbox.Tables) *slog.Logger {
+	if l == nil {
+		l = slog.Default()
+	}
+	return l.With("outbox", t.OutboxIdent())
+}
+
+// renderEvents fills in the tables of the verbs' statements: {{outbox}},
+// {{failures}} and {{parked}}.
+func renderEvents(sql string, t outbox.Tables) string {
+	return strings.NewReplacer(
+		"{{outbox}}", t.OutboxIdent(),
+		"{{failures}}", migrate.FailuresIdent(t),
+		"{{parked}}", migrate.ParkedIdent(t),
+	).Replace(sql)
+}
+
+func fmtTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
