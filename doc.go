@@ -47,7 +47,10 @@
 // # Validation
 //
 // Emit checks every event before anything is sent to the database and
-// returns a typed error (ErrEmptyType, ErrNilAggregate, ErrInvalidPayload,
-// ErrPayloadTooLarge, ErrInvalidTopic, ErrInvalidHeaders) that says what to
-// fix; the caller's transaction is left untouched.
+// returns a typed error (ErrEmptyType, ErrNilAggregate, ErrInvalidType,
+// ErrInvalidPayload, ErrPayloadTooLarge, ErrInvalidTopic, ErrInvalidHeaders)
+// that says what to fix; the caller's transaction is left untouched. It
+// refuses what Postgres would refuse, which would abort the transaction,
+// and an event whose Kafka record, measured as the broker will see it, is
+// over Config.MaxRecordBytes (see Event).
 package outbox

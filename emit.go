@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -16,9 +15,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// DefaultMaxPayloadBytes is Kafka's default message size limit, rounded
-// down to 1 MiB.
-const DefaultMaxPayloadBytes = 1 << 20
+// DefaultMaxRecordBytes is Kafka's default message.max.bytes: the largest
+// record batch a broker accepts, which is what one event becomes on the
+// wire (see MaxRecordSize).
+const DefaultMaxRecordBytes = 1048588
 
 // DefaultLockBuckets bounds how many distinct advisory locks one EmitBatch
 // takes: aggregates hash into this many keys. Advisory locks live in the
@@ -34,9 +34,13 @@ type Config struct {
 	// Emit checks the result is a valid topic. It must match the relayer's.
 	// Defaults to "".
 	TopicPrefix string
-	// MaxPayloadBytes is the largest serialised payload Emit accepts.
-	// Defaults to DefaultMaxPayloadBytes (1 MiB).
-	MaxPayloadBytes int
+	// MaxRecordBytes is the largest Kafka record batch an event may make,
+	// as the broker will see it (MaxRecordSize): the payload as Postgres
+	// prints its JSONB, the key, the event's headers and the relayer's.
+	// Emit refuses a larger event, which the broker would refuse; set it to
+	// the topics' max.message.bytes. Defaults to DefaultMaxRecordBytes
+	// (1048588, Kafka's default message.max.bytes).
+	MaxRecordBytes int
 	// DisableAggregateLock turns off the per-aggregate advisory lock. With
 	// it off, two transactions emitting for one aggregate may commit out of
 	// id order, and the relayer may then publish them out of commit order.
@@ -88,11 +92,11 @@ func NewProducer(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	cfg.Tables = cfg.Tables.WithDefaults()
-	if cfg.MaxPayloadBytes == 0 {
-		cfg.MaxPayloadBytes = DefaultMaxPayloadBytes
+	if cfg.MaxRecordBytes == 0 {
+		cfg.MaxRecordBytes = DefaultMaxRecordBytes
 	}
-	if cfg.MaxPayloadBytes < 0 {
-		return nil, fmt.Errorf("outbox: MaxPayloadBytes is %d; use a positive limit, or 0 for the default", cfg.MaxPayloadBytes)
+	if least := MaxRecordSize("x", 1, nil); cfg.MaxRecordBytes < least {
+		return nil, fmt.Errorf("outbox: MaxRecordBytes is %d; the smallest event makes a record of %d bytes (key, the relayer's headers and Kafka's framing), so use at least that, or 0 for the default", cfg.MaxRecordBytes, least)
 	}
 	if cfg.LockBuckets == 0 {
 		cfg.LockBuckets = DefaultLockBuckets
@@ -428,46 +432,73 @@ func (p *Producer) lockKey(id uuid.UUID) int32 {
 	return int32(h % uint32(p.cfg.LockBuckets))
 }
 
-var reservedHeaders = map[string]bool{"event_id": true, "event_type": true, "content-type": true}
-
 // validate checks one event and returns its serialised payload and headers
-// ("" for none).
+// ("" for none). It refuses, before any SQL runs, what Postgres would refuse
+// (which would abort the caller's transaction) and what the broker would:
+// a record larger than MaxRecordBytes once Postgres has normalised the
+// payload. Nothing is rewritten.
 func (p *Producer) validate(ev Event) ([]byte, string, error) {
 	if ev.Type == "" {
 		return nil, "", fmt.Errorf("%w; set Event.Type, e.g. \"order.placed\"", ErrEmptyType)
 	}
 	if ev.AggregateID == uuid.Nil {
-		return nil, "", fmt.Errorf("%w (type %q); set Event.AggregateID to the id of the entity the event is about", ErrNilAggregate, ev.Type)
+		return nil, "", fmt.Errorf("%w (type %s); set Event.AggregateID to the id of the entity the event is about", ErrNilAggregate, quoteShort(ev.Type))
 	}
 	if _, err := Topic(p.cfg.TopicPrefix, ev.Type); err != nil {
 		return nil, "", err
 	}
+	// Topic checked the part before the first '.'; the rest is free text.
+	if why := ValidText(ev.Type); why != "" {
+		return nil, "", fmt.Errorf("%w: type %s %s; Postgres text cannot store it, so use valid UTF-8 without NUL characters", ErrInvalidType, quoteShort(ev.Type), why)
+	}
+	for k, v := range ev.Headers {
+		switch {
+		case k == "":
+			return nil, "", fmt.Errorf("%w (type %s): a header name is empty", ErrInvalidHeaders, quoteShort(ev.Type))
+		case IsReservedHeader(k):
+			return nil, "", fmt.Errorf("%w (type %s): header %q is set by the relayer; use another name", ErrInvalidHeaders, quoteShort(ev.Type), k)
+		}
+		if why := ValidText(k); why != "" {
+			return nil, "", fmt.Errorf("%w (type %s): header name %s %s; use valid UTF-8 without NUL characters", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
+		}
+		if why := ValidText(v); why != "" {
+			return nil, "", fmt.Errorf("%w (type %s): the value of header %s %s; use valid UTF-8 without NUL characters (base64-encode binary values)", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
+		}
+	}
 	payload, err := serialise(ev.Payload)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w (type %q): %s", ErrInvalidPayload, ev.Type, err)
+		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
-	if len(payload) > p.cfg.MaxPayloadBytes {
-		return nil, "", fmt.Errorf("%w: type %q payload is %s; the limit is %s (set MaxPayloadBytes, and the broker's message.max.bytes, higher, or shrink the event)",
-			ErrPayloadTooLarge, ev.Type, humanBytes(len(payload)), humanBytes(p.cfg.MaxPayloadBytes))
+	n, multiKey, err := jsonbScan(payload)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
+	}
+	size := MaxRecordSize(ev.Type, n, ev.Headers)
+	if size > p.cfg.MaxRecordBytes && multiKey {
+		// n counted every member of repeated keys; JSONB keeps one.
+		n = jsonbExactLen(payload)
+		size = MaxRecordSize(ev.Type, n, ev.Headers)
+	}
+	if size > p.cfg.MaxRecordBytes {
+		h := 0
+		for k, v := range ev.Headers {
+			h += len(k) + len(v)
+		}
+		return nil, "", fmt.Errorf("%w: type %s makes a record of %s as the broker will see it, of which the payload after Postgres' JSONB normalisation is %d bytes, the type %d and the headers %d; the limit is %s: set MaxRecordBytes and the topic's max.message.bytes higher, or shrink the event",
+			ErrPayloadTooLarge, quoteShort(ev.Type), sizeText(size), n, len(ev.Type), h, sizeText(p.cfg.MaxRecordBytes))
 	}
 	if len(ev.Headers) == 0 {
 		return payload, "", nil
 	}
-	for k := range ev.Headers {
-		if k == "" {
-			return nil, "", fmt.Errorf("%w (type %q): a header name is empty", ErrInvalidHeaders, ev.Type)
-		}
-		if reservedHeaders[k] {
-			return nil, "", fmt.Errorf("%w (type %q): header %q is set by the relayer; use another name", ErrInvalidHeaders, ev.Type, k)
-		}
-	}
 	hdr, err := json.Marshal(ev.Headers)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w (type %q): %s", ErrInvalidHeaders, ev.Type, err)
+		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidHeaders, quoteShort(ev.Type), err)
 	}
 	return payload, string(hdr), nil
 }
 
+// serialise returns the payload's JSON text. jsonbScan then checks it for
+// what Postgres JSONB refuses.
 func serialise(v any) ([]byte, error) {
 	var raw []byte
 	switch v := v.(type) {
@@ -482,17 +513,20 @@ func serialise(v any) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cannot marshal %T: %s", v, err)
 		}
-		raw = b
+		return b, nil // valid JSON: encoding/json checks what Marshalers return
 	}
 	if !json.Valid(raw) {
 		return nil, fmt.Errorf("%d bytes of raw payload are not valid JSON; pass a Go value to marshal, or fix the bytes", len(raw))
 	}
-	// JSONB rejects the \u0000 escape; catching it here keeps the failure
-	// a validation error rather than an aborted transaction.
-	if bytes.Contains(raw, []byte(`\u0000`)) {
-		return nil, fmt.Errorf("payload contains a NUL character, which Postgres JSONB cannot store")
-	}
 	return raw, nil
+}
+
+// sizeText is n bytes, with a rounded figure beside it from 1 KiB.
+func sizeText(n int) string {
+	if n < 1<<10 {
+		return strconv.Itoa(n) + " bytes"
+	}
+	return strconv.Itoa(n) + " bytes (" + humanBytes(n) + ")"
 }
 
 func humanBytes(n int) string {

@@ -2,10 +2,10 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -132,18 +132,32 @@ func TestEmitSQLWithDatabaseSQL(t *testing.T) {
 	require.Equal(t, map[string]string{"k": `v"\`}, headers)
 }
 
+// zeros is a compact JSON array of n zeros: 2n+1 bytes that Postgres
+// prints as 3n bytes ("[0, 0, ...]").
+func zeros(n int) []byte {
+	b := make([]byte, 0, 2*n+1)
+	b = append(b, '[')
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '0')
+	}
+	return append(b, ']')
+}
+
 func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, p := setup(t, outbox.Config{MaxPayloadBytes: 1024, TopicPrefix: "app."})
+	db, p := setup(t, outbox.Config{MaxRecordBytes: 1 << 20, TopicPrefix: "app."})
 	sdb, err := sql.Open("pgx", db.URL)
 	require.NoError(t, err)
 	defer sdb.Close()
 
-	big := make([]byte, 2048)
-	_, _ = rand.Read(big)
-	bigJSON, _ := json.Marshal(map[string][]byte{"blob": big})
 	agg := uuid.New()
+	expands := zeros(500_000) // 1,000,001 bytes, 1,500,000 as JSONB text
+	require.Len(t, expands, 1_000_001)
+	big := strings.Repeat("v", 2<<20)
 	cases := []struct {
 		name string
 		ev   outbox.Event
@@ -155,12 +169,37 @@ func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 		{"invalid json", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: []byte(`{"a":`)}, outbox.ErrInvalidPayload, "not valid JSON"},
 		{"nil payload", outbox.Event{AggregateID: agg, Type: "order.placed"}, outbox.ErrInvalidPayload, "payload is nil"},
 		{"unmarshalable", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: make(chan int)}, outbox.ErrInvalidPayload, "cannot marshal chan int"},
-		{"too large", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(bigJSON)}, outbox.ErrPayloadTooLarge, "the limit is 1.0 KiB"},
 		{"bad topic char", outbox.Event{AggregateID: agg, Type: "order placed", Payload: 1}, outbox.ErrInvalidTopic, `character ' '`},
 		{"empty topic", outbox.Event{AggregateID: agg, Type: ".placed", Payload: 1}, outbox.ErrInvalidTopic, `names no topic`},
 		{"long topic", outbox.Event{AggregateID: agg, Type: strings.Repeat("x", 250), Payload: 1}, outbox.ErrInvalidTopic, "at most 249"},
 		{"reserved header", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: 1, Headers: map[string]string{"event_id": "7"}}, outbox.ErrInvalidHeaders, "set by the relayer"},
 		{"nul in payload", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: map[string]string{"s": "a\x00b"}}, outbox.ErrInvalidPayload, "NUL"},
+
+		// Measured as the broker will see it: the payload after JSONB
+		// normalisation (1,000,001 bytes given, 1,500,000 published), then
+		// the headers and the type.
+		{"payload grows past the limit in JSONB", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(expands)}, outbox.ErrPayloadTooLarge,
+			"the payload after Postgres' JSONB normalisation is 1500000 bytes"},
+		{"2 MB header value", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: 1, Headers: map[string]string{"big": big}}, outbox.ErrPayloadTooLarge,
+			"the headers 2097155; the limit is 1048576 bytes (1.0 MiB): set MaxRecordBytes and the topic's max.message.bytes higher"},
+		{"2 MB type suffix", outbox.Event{AggregateID: agg, Type: "order." + big, Payload: 1}, outbox.ErrPayloadTooLarge, "the type 2097158 and"},
+
+		// What Postgres would refuse with an error that aborts the
+		// transaction (22021, 22P05) is refused here instead.
+		{"invalid UTF-8 in payload", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: []byte("{\"a\":\"\xff\"}")}, outbox.ErrInvalidPayload, "byte 6 (0xff) is not valid UTF-8"},
+		{"invalid UTF-8 in raw message", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage("[\"ok\",\"\xc3\"]")}, outbox.ErrInvalidPayload, "not valid UTF-8"},
+		{"NUL escape in payload", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(`{"a":"\u0000"}`)}, outbox.ErrInvalidPayload, `\u0000 at byte 6 is a NUL character`},
+		{"lone high surrogate", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(`"\ud800"`)}, outbox.ErrInvalidPayload, `\ud800 at byte 1 is a UTF-16 high surrogate not followed by a low surrogate`},
+		{"lone low surrogate", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(`["\udc00\ud800"]`)}, outbox.ErrInvalidPayload, "low surrogate without a high surrogate"},
+		{"numeric overflow", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(`{"n":1e200000}`)}, outbox.ErrInvalidPayload, "200001 digits before the decimal point; Postgres numeric allows 131072"},
+		{"numeric scale overflow", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(`1e-16384`)}, outbox.ErrInvalidPayload, "16384 digits after the decimal point"},
+		{"NUL in header value", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: 1, Headers: map[string]string{"k": "a\x00b"}}, outbox.ErrInvalidHeaders, `the value of header "k" contains a NUL character`},
+		{"NUL in header name", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: 1, Headers: map[string]string{"k\x00": "v"}}, outbox.ErrInvalidHeaders, `header name "k\x00" contains a NUL character`},
+		{"invalid UTF-8 in header value", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: 1, Headers: map[string]string{"k": "caf\xe9"}}, outbox.ErrInvalidHeaders, `the value of header "k" is not valid UTF-8`},
+		{"invalid UTF-8 in header name", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: 1, Headers: map[string]string{"caf\xe9": "v"}}, outbox.ErrInvalidHeaders, "is not valid UTF-8"},
+		{"event_source header", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: 1, Headers: map[string]string{"event_source": "x"}}, outbox.ErrInvalidHeaders, `header "event_source" is set by the relayer`},
+		{"NUL in type", outbox.Event{AggregateID: agg, Type: "order.pla\x00ced", Payload: 1}, outbox.ErrInvalidType, `type "order.pla\x00ced" contains a NUL character`},
+		{"invalid UTF-8 in type", outbox.Event{AggregateID: agg, Type: "order.caf\xe9", Payload: 1}, outbox.ErrInvalidType, "is not valid UTF-8"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -172,9 +211,16 @@ func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 			_, err = p.Emit(ctx, tx, tc.ev)
 			require.ErrorIs(t, err, tc.want)
 			require.Contains(t, err.Error(), tc.msg)
+			require.Less(t, len(err.Error()), 1000, "the message quotes what is wrong, not all of it")
 			var one int
 			require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "transaction must stay usable")
 			require.NoError(t, tx.Rollback(ctx))
+
+			// QueueEmit queues nothing.
+			batch := &pgx.Batch{}
+			_, err = p.QueueEmit(batch, tc.ev)
+			require.ErrorIs(t, err, tc.want)
+			require.Zero(t, batch.Len())
 
 			// A bad event anywhere in a batch rejects the whole batch.
 			tx, err = db.Pool.Begin(ctx)
@@ -183,6 +229,8 @@ func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 			_, err = p.EmitBatch(ctx, tx, []outbox.Event{good, tc.ev})
 			require.ErrorIs(t, err, tc.want)
 			require.Contains(t, err.Error(), "event 1 of 2")
+			require.Contains(t, err.Error(), tc.msg)
+			require.NoError(t, tx.QueryRow(ctx, "SELECT 1").Scan(&one), "transaction must stay usable")
 			require.NoError(t, tx.Commit(ctx))
 
 			// database/sql: the same.
@@ -190,12 +238,91 @@ func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 			require.NoError(t, err)
 			_, err = p.EmitSQL(ctx, stx, tc.ev)
 			require.ErrorIs(t, err, tc.want)
-			require.NoError(t, stx.Rollback())
+			require.NoError(t, stx.QueryRowContext(ctx, "SELECT 1").Scan(&one), "transaction must stay usable")
+			_, err = p.EmitBatchSQL(ctx, stx, []outbox.Event{good, tc.ev})
+			require.ErrorIs(t, err, tc.want)
+			require.Contains(t, err.Error(), "event 1 of 2")
+			require.NoError(t, stx.Commit())
 		})
 	}
 	_, err = p.EmitBatch(ctx, db.Pool, nil)
 	require.ErrorIs(t, err, outbox.ErrEmptyBatch)
 	require.Equal(t, 0, countRows(t, db), "nothing may be written")
+}
+
+// What Postgres stores, Emit accepts, and the row holds the payload as
+// Postgres normalised it; the record size counts that, not the bytes given.
+func TestEmitAcceptsWhatPostgresStores(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := setup(t, outbox.Config{MaxRecordBytes: 1 << 20})
+	// As large as the refused [0,0,...] of the test above, but a string,
+	// which JSONB prints as given.
+	same := `"` + strings.Repeat("x", 1_000_001-2) + `"`
+	// Over the limit as given; JSONB keeps the last of a repeated key.
+	dup := `{"k":"` + strings.Repeat("x", 1<<20) + `","k":"small"}`
+	for _, tc := range []struct {
+		name, payload, stored string
+	}{
+		{"escaped backslash before u0000", `{"a":"\\u0000"}`, `{"a": "\\u0000"}`},
+		{"surrogate pair", `["\ud83d\ude00"]`, `["😀"]`},
+		{"numbers", `[1e3,1.5e-3,-0.0,1E+2,15e-1,0.10]`, `[1000, 0.0015, 0.0, 100, 1.5, 0.10]`},
+		{"repeated key", `{"b":1,"a":2,"a":3}`, `{"a": 3, "b": 1}`},
+		{"same raw size as the refused array, no growth", same, same},
+		{"repeated key over the limit as given", dup, `{"k": "small"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var id int64
+			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				var err error
+				id, err = p.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: json.RawMessage(tc.payload)})
+				return err
+			})
+			require.NoError(t, err)
+			var stored string
+			require.NoError(t, db.Pool.QueryRow(ctx, "SELECT payload::text FROM "+db.Tables.OutboxIdent()+" WHERE id = $1", id).Scan(&stored))
+			require.Equal(t, tc.stored, stored)
+		})
+	}
+}
+
+// An event whose record is exactly MaxRecordBytes passes; one byte more of
+// payload fails. The payload is compact, so the check must count the space
+// JSONB adds after the colon.
+func TestEmitRecordSizeLimitIsExact(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const limit = 4096
+	db, p := setup(t, outbox.Config{MaxRecordBytes: limit})
+	typ, hdr := "order.placed", map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+	payload := func(n int) json.RawMessage { // n bytes as JSONB prints it
+		return json.RawMessage(`{"s":"` + strings.Repeat("x", n-len(`{"s": ""}`)) + `"}`)
+	}
+	n := 0
+	for outbox.MaxRecordSize(typ, n, hdr) < limit {
+		n++
+	}
+	require.Equal(t, limit, outbox.MaxRecordSize(typ, n, hdr), "no payload length makes a record of exactly the limit; pick another")
+
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	id, err := p.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: typ, Payload: payload(n), Headers: hdr})
+	require.NoError(t, err)
+	var stored int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT octet_length(payload::text) FROM "+db.Tables.OutboxIdent()+" WHERE id = $1", id).Scan(&stored))
+	require.Equal(t, n, stored)
+
+	_, err = p.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: typ, Payload: payload(n + 1), Headers: hdr})
+	require.ErrorIs(t, err, outbox.ErrPayloadTooLarge)
+	require.ErrorContains(t, err, fmt.Sprintf("makes a record of %d bytes (4.0 KiB) as the broker will see it", outbox.MaxRecordSize(typ, n+1, hdr)))
+	require.ErrorContains(t, err, "the limit is 4096 bytes (4.0 KiB)")
+	_, err = p.EmitBatch(ctx, tx, []outbox.Event{
+		{AggregateID: uuid.New(), Type: typ, Payload: payload(n), Headers: hdr},
+		{AggregateID: uuid.New(), Type: typ, Payload: payload(n + 1), Headers: hdr},
+	})
+	require.ErrorIs(t, err, outbox.ErrPayloadTooLarge)
+	require.ErrorContains(t, err, "event 1 of 2")
 }
 
 // Two transactions emitting for one aggregate: the second waits for the
@@ -298,8 +425,13 @@ func TestNewProducerRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	_, err := outbox.NewProducer(outbox.Config{Tables: outbox.Tables{Outbox: "Events; DROP"}})
 	require.ErrorContains(t, err, "not a plain identifier")
-	_, err = outbox.NewProducer(outbox.Config{MaxPayloadBytes: -1})
-	require.ErrorContains(t, err, "MaxPayloadBytes")
+	_, err = outbox.NewProducer(outbox.Config{MaxRecordBytes: -1})
+	require.ErrorContains(t, err, "MaxRecordBytes is -1")
+	_, err = outbox.NewProducer(outbox.Config{MaxRecordBytes: 100})
+	require.ErrorContains(t, err, "the smallest event makes a record of")
+	p, err := outbox.NewProducer(outbox.Config{})
+	require.NoError(t, err)
+	require.Equal(t, outbox.DefaultMaxRecordBytes, p.Config().MaxRecordBytes)
 	_, err = outbox.NewProducer(outbox.Config{TopicPrefix: "bad prefix"})
 	require.ErrorContains(t, err, "TopicPrefix")
 	require.False(t, errors.Is(err, outbox.ErrEmptyType))

@@ -11,15 +11,24 @@ var (
 	ErrEmptyType = errors.New("outbox: event type is empty")
 	// ErrNilAggregate: the event's AggregateID is the nil UUID.
 	ErrNilAggregate = errors.New("outbox: aggregate id is the nil UUID")
-	// ErrInvalidPayload: the payload is nil, not valid JSON, or cannot be
-	// marshalled to JSON.
-	ErrInvalidPayload = errors.New("outbox: payload is not valid JSON")
-	// ErrPayloadTooLarge: the serialised payload is over the producer's
-	// MaxPayloadBytes.
-	ErrPayloadTooLarge = errors.New("outbox: payload too large")
+	// ErrInvalidType: the event's type is not valid UTF-8 or holds a NUL
+	// character, which a Postgres text column cannot store.
+	ErrInvalidType = errors.New("outbox: event type cannot be stored")
+	// ErrInvalidPayload: the payload is nil, not valid JSON, cannot be
+	// marshalled to JSON, or holds what Postgres JSONB refuses: invalid
+	// UTF-8, a \u0000 escape, a UTF-16 surrogate escape without its pair,
+	// or a number beyond Postgres numeric's range.
+	ErrInvalidPayload = errors.New("outbox: invalid payload")
+	// ErrPayloadTooLarge: the event's Kafka record, as the broker will see
+	// it (MaxRecordSize of the payload after Postgres' JSONB normalisation,
+	// with the key, the event's headers and the relayer's), is over the
+	// producer's MaxRecordBytes.
+	ErrPayloadTooLarge = errors.New("outbox: event too large")
 	// ErrInvalidTopic: the event's type routes to no valid Kafka topic name.
 	ErrInvalidTopic = errors.New("outbox: event type maps to no valid topic")
-	// ErrInvalidHeaders: a header name is empty or reserved by the relayer.
+	// ErrInvalidHeaders: a header name is empty or reserved by the relayer
+	// (IsReservedHeader), or a name or value is not valid UTF-8 or holds a
+	// NUL character.
 	ErrInvalidHeaders = errors.New("outbox: invalid headers")
 	// ErrEmptyBatch: EmitBatch was called with no events.
 	ErrEmptyBatch = errors.New("outbox: empty batch")

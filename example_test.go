@@ -2,8 +2,10 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -75,6 +77,21 @@ func ExampleProducer_Emit_validation() {
 	_, err := p.Emit(context.Background(), nil, outbox.Event{Type: "order.placed", Payload: 1})
 	fmt.Println(errors.Is(err, outbox.ErrNilAggregate))
 	// Output: true
+}
+
+// The size limit is checked on the record the broker will see: the payload
+// as Postgres prints its JSONB, plus the key and the headers. These 601
+// bytes of "[0,0,...]" are published as 900 ("[0, 0, ...]"): a record of
+// 1317 bytes, over this producer's 1200, though 1018 as given would fit.
+func ExampleProducer_Emit_recordSize() {
+	p, _ := outbox.NewProducer(outbox.Config{MaxRecordBytes: 1200})
+	zeros := "[0" + strings.Repeat(",0", 299) + "]"
+	fmt.Println(len(zeros), outbox.MaxRecordSize("order.placed", len(zeros), nil), outbox.MaxRecordSize("order.placed", 900, nil))
+	_, err := p.Emit(context.Background(), nil, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: json.RawMessage(zeros)})
+	fmt.Println(errors.Is(err, outbox.ErrPayloadTooLarge))
+	// Output:
+	// 601 1018 1317
+	// true
 }
 
 // The topic is the event type up to its first '.', after an optional prefix.

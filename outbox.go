@@ -11,21 +11,37 @@ import (
 
 // Event is one event to emit. The relayer publishes it to the topic derived
 // from Type (see Topic), keyed by AggregateID, with Payload as the value.
+//
+// Emit refuses an event that could never be published, before any SQL runs
+// (so the caller's transaction stays usable) and with a typed error: what
+// Postgres cannot store, and a record larger than Config.MaxRecordBytes as
+// the broker will see it (ErrPayloadTooLarge). That size is MaxRecordSize:
+// the payload as Postgres prints its JSONB, which can be longer than the
+// bytes given ("[0,0]" is published as "[0, 0]", "1e3" as "1000"), plus the
+// key, Type, Headers and the headers the relayer adds. Nothing is rewritten
+// to make an event fit.
 type Event struct {
 	// AggregateID identifies the entity the event is about. Events of one
 	// aggregate reach the broker in commit order and land in one partition.
 	AggregateID uuid.UUID
 	// Type names the event, e.g. "order.placed". The part before the first
-	// '.' is the topic.
+	// '.' is the topic (ErrInvalidTopic); the rest must be valid UTF-8
+	// without NUL characters (ErrInvalidType).
 	Type string
 	// Payload is the event body. []byte and json.RawMessage are taken as
 	// JSON text and validated; any other value is marshalled with
 	// encoding/json. Postgres stores it as JSONB, so the published bytes are
 	// its canonical text: the same JSON value, with whitespace and key order
-	// normalised.
+	// normalised, the last of repeated keys kept and numbers printed as
+	// Postgres numeric. Emit refuses (ErrInvalidPayload) what JSONB cannot
+	// store: invalid UTF-8, a \u0000 escape, a UTF-16 surrogate escape
+	// without its pair, and a number with more than 131072 digits before
+	// the decimal point or 16383 after once its exponent is applied.
 	Payload any
 	// Headers are extra Kafka headers (trace context, user metadata). The
-	// names event_id, event_type and content-type are reserved.
+	// names the relayer sets (event_id, event_type, content-type and
+	// event_source; IsReservedHeader) are refused, as are names and values
+	// that are not valid UTF-8 or hold a NUL character (ErrInvalidHeaders).
 	Headers map[string]string
 }
 

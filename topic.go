@@ -15,11 +15,11 @@ const maxTopicLen = 249
 func Topic(prefix, eventType string) (string, error) {
 	base, _, _ := strings.Cut(eventType, ".")
 	if base == "" {
-		return "", fmt.Errorf("%w: type %q starts with '.', so it names no topic; write it as \"topic.event\", e.g. \"order.placed\"", ErrInvalidTopic, eventType)
+		return "", fmt.Errorf("%w: type %s starts with '.', so it names no topic; write it as \"topic.event\", e.g. \"order.placed\"", ErrInvalidTopic, quoteShort(eventType))
 	}
 	topic := prefix + base
 	if err := ValidateTopic(topic); err != nil {
-		return "", fmt.Errorf("%w: type %q routes to %s", ErrInvalidTopic, eventType, err)
+		return "", fmt.Errorf("%w: type %s routes to %s", ErrInvalidTopic, quoteShort(eventType), err)
 	}
 	return topic, nil
 }

@@ -206,7 +206,7 @@ func TestUndecodableRowsHoldOnlyThemselves(t *testing.T) {
 	}
 	badAgg := uuid.New()
 	bad := map[int64]string{
-		b.insertRaw(t, badAgg, "order.placed", `'{}'`, `'{"retries": 3}'`):           relay.ReasonUndecodable,
+		b.insertRaw(t, badAgg, "order.placed", `'{}'`, `'{"retries": 3}'`):            relay.ReasonUndecodable,
 		b.insertRaw(t, uuid.New(), "order.placed", `'{}'`, `'[1, 2]'`):                relay.ReasonUndecodable,
 		b.insertRaw(t, uuid.New(), "order.placed", `'{}'`, `'"text"'`):                relay.ReasonUndecodable,
 		b.insertRaw(t, uuid.New(), "order.placed", `'{}'`, `'{"event_id": "1"}'`):     relay.ReasonReservedHeader,

@@ -1,0 +1,10 @@
+package outbox
+
+// Unexported functions the external tests exercise.
+var JSONBTextLen = jsonbTextLen
+
+// Validate runs p's checks of ev without a database.
+func Validate(p *Producer, ev Event) error {
+	_, _, err := p.validate(ev)
+	return err
+}
