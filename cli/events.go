@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -9,8 +11,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -262,11 +266,7 @@ event has no hold: to publish it again use 'outbox events replay'. Without
 				return fmt.Errorf("retry needs an event id or --aggregate UUID (see 'outbox events retry --help')")
 			}
 			ctx := c.Context()
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			pool, t, err := g.opsPool(ctx)
+			log, pool, t, err := g.verbSession(ctx)
 			if err != nil {
 				return err
 			}
@@ -355,11 +355,7 @@ changes nothing. 'outbox events unpark ID' puts it back.`,
 				return fmt.Errorf("--lock-timeout %s: use a positive duration, e.g. 5s", lockTimeout)
 			}
 			ctx := c.Context()
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			pool, t, err := g.opsPool(ctx)
+			log, pool, t, err := g.verbSession(ctx)
 			if err != nil {
 				return err
 			}
@@ -427,11 +423,7 @@ prints what it would do and changes nothing.`,
 				return err
 			}
 			ctx := c.Context()
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			pool, t, err := g.opsPool(ctx)
+			log, pool, t, err := g.verbSession(ctx)
 			if err != nil {
 				return err
 			}
@@ -511,11 +503,7 @@ Without --yes, replay counts the rows it would replay and changes nothing.`,
 				return err
 			}
 			ctx := c.Context()
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			pool, t, err := g.opsPool(ctx)
+			log, pool, t, err := g.verbSession(ctx)
 			if err != nil {
 				return err
 			}
@@ -586,4 +574,15 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// verbSession is what a verb that changes something needs: the logger it
+// reports its change to, and a pool on the migrated outbox.
+func (g *globals) verbSession(ctx context.Context) (*slog.Logger, *pgxpool.Pool, outbox.Tables, error) {
+	log, err := g.logger()
+	if err != nil {
+		return nil, nil, outbox.Tables{}, err
+	}
+	pool, t, err := g.opsPool(ctx)
+	return log, pool, t, err
 }

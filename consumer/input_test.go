@@ -1,7 +1,6 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/internal/testlog"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
@@ -234,24 +234,6 @@ func randomText(t *testing.T, n int) string {
 	return base64.RawStdEncoding.EncodeToString(randomBytes(t, n))[:n]
 }
 
-// logBuffer collects a consumer's logs.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // A record that fits its topic can have a dead-letter copy that does not:
 // the dlq_* headers make it larger. The broker refuses the copy every time,
 // which stalled the partition behind it. A pointer record goes instead.
@@ -260,7 +242,7 @@ func TestConsumerDeadLetterTooLargeWritesPointer(t *testing.T) {
 	const limit = 100_000
 	b := setupLimited(t, limit)
 	var seen calls
-	var logs logBuffer
+	var logs testlog.Buffer
 	cfg := b.config(map[string]consumer.Handler{"item.ok": seen.handler})
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	t.Cleanup(func() {
@@ -319,7 +301,7 @@ func TestConsumerDeadLetterDroppedWhenPointerRefused(t *testing.T) {
 	const limit = 100_000
 	b := setupLimited(t, limit)
 	var seen calls
-	var logs logBuffer
+	var logs testlog.Buffer
 	cfg := b.config(map[string]consumer.Handler{"item.ok": seen.handler})
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	t.Cleanup(func() {

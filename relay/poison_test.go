@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,7 +8,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/internal/testlog"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
@@ -56,24 +55,6 @@ func (b *bundle) pendingIDs(t *testing.T) []int64 {
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	return ids
-}
-
-// logBuffer collects a relayer's logs for assertions.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 // Issue 9, defect 1: one oversized row among 2,000 small ones, on a broker
@@ -220,7 +201,7 @@ func TestUndecodableRowsHoldOnlyThemselves(t *testing.T) {
 	}
 	committed[b.insertRaw(t, uuid.New(), "order.placed", `'{}'`, `'null'`)] = uuid.Nil // JSON null: no headers
 
-	logs := &logBuffer{}
+	logs := &testlog.Buffer{}
 	r := b.relayer(t, func(c *relay.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
 	run(t, r)
 	var want []int64
