@@ -42,13 +42,12 @@ type topicLimit struct {
 // With an override it asks the broker nothing.
 type topicLimits struct {
 	adm *kadm.Client
-	// override, when positive, is the limit of every topic. Set before the
-	// first lookup (NewPublisher), read-only after.
-	override int
 
-	mu      sync.Mutex
-	byTopic map[string]topicLimit
-	broker  topicLimit // the broker-wide message.max.bytes
+	mu sync.Mutex
+	// override, when positive, is the limit of every topic (NewPublisher).
+	override int
+	byTopic  map[string]topicLimit
+	broker   topicLimit // the broker-wide message.max.bytes
 }
 
 func newTopicLimits() *topicLimits {
@@ -62,15 +61,16 @@ func (l *topicLimits) bind(client *kgo.Client) { l.adm = kadm.NewClient(client) 
 // not known, or known for too long.
 func (l *topicLimits) lookup(ctx context.Context, topics []string) map[string]topicLimit {
 	out := make(map[string]topicLimit, len(topics))
+	now := time.Now()
+	var stale []string
+	l.mu.Lock()
 	if l.override > 0 {
 		for _, t := range topics {
 			out[t] = topicLimit{bytes: l.override, from: limitFromOverride}
 		}
+		l.mu.Unlock()
 		return out
 	}
-	now := time.Now()
-	var stale []string
-	l.mu.Lock()
 	for _, t := range topics {
 		if lim, ok := l.byTopic[t]; ok && now.Sub(lim.at) < lim.ttl {
 			out[t] = lim
@@ -97,14 +97,14 @@ func (l *topicLimits) lookup(ctx context.Context, topics []string) map[string]to
 // message.max.bytes applies (which is what a real broker reports for such a
 // topic anyway; franz-go's kfake reports Kafka's default instead). A topic
 // the broker does not know yet (it will be auto-created) gets the broker's
-// limit, read again soon.
+// limit, read again soon (it may be created with a limit of its own).
 func (l *topicLimits) describe(ctx context.Context, topics []string) map[string]topicLimit {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	broker := l.brokerLimit(ctx)
 	out := make(map[string]topicLimit, len(topics))
 	for _, t := range topics {
-		out[t] = broker
+		out[t] = topicLimit{bytes: broker.bytes, from: broker.from, at: broker.at, ttl: limitRetryTTL}
 	}
 	rcs, err := l.adm.DescribeTopicConfigs(ctx, topics...)
 	if err != nil {
@@ -170,15 +170,13 @@ func (l *topicLimits) brokerLimit(ctx context.Context) topicLimit {
 // record for the topic is produced, else Kafka's default.
 func (l *topicLimits) batchMaxBytes(topic string) int32 {
 	n := DefaultMaxMessageBytes
+	l.mu.Lock()
 	if l.override > 0 {
 		n = l.override
-	} else {
-		l.mu.Lock()
-		if lim, ok := l.byTopic[topic]; ok {
-			n = lim.bytes
-		}
-		l.mu.Unlock()
+	} else if lim, ok := l.byTopic[topic]; ok {
+		n = lim.bytes
 	}
+	l.mu.Unlock()
 	return int32(min(max(n, 512), 1<<30)) // the range kgo accepts
 }
 

@@ -103,7 +103,9 @@ func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
 		lim = newTopicLimits()
 		lim.bind(client)
 	}
+	lim.mu.Lock()
 	lim.override = max(cfg.MaxMessageBytes, 0)
+	lim.mu.Unlock()
 	return &Publisher{client: client, source: cfg.Source, limits: lim}
 }
 

@@ -157,18 +157,20 @@ func (p *countingPublisher) Publish(ctx context.Context, msgs []relay.Message) [
 	if len(errs) != len(msgs) {
 		return errs // the relayer fails the batch
 	}
-	// The relayer marks, per aggregate, the acknowledged prefix only; rows
-	// it never sent (refused, or behind a refused row) are not in msgs, so
-	// replaying its rule here gives exactly the rows it will mark.
+	// The relayer marks, per aggregate, the acknowledged prefix only, and
+	// counts a failure against the aggregate's first failed row only (the
+	// rows behind it, sent or not, are deferred); rows it never sent
+	// (refused, or behind a refused row) are not in msgs. Replaying its rule
+	// here gives exactly the rows it will mark and the failures it sees.
 	rec := publishRecord{byTopic: map[string]int{}}
 	failed := map[uuid.UUID]bool{}
 	for i, msg := range msgs {
 		err := errs[i]
-		if err == nil && !failed[msg.AggregateID] {
-			rec.byTopic[msg.Topic]++
+		if failed[msg.AggregateID] {
 			continue
 		}
 		if err == nil {
+			rec.byTopic[msg.Topic]++
 			continue
 		}
 		failed[msg.AggregateID] = true
