@@ -16,8 +16,6 @@ import (
 	"github.com/pgoutbox/outbox/bench"
 )
 
-func init() { extraCommands = append(extraCommands, newBenchCmd) }
-
 func newBenchCmd(g *globals) *cobra.Command {
 	var (
 		kf         kafkaFlags

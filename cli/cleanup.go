@@ -10,8 +10,6 @@ import (
 	"github.com/pgoutbox/outbox/ops"
 )
 
-func init() { extraCommands = append(extraCommands, newCleanupCmd) }
-
 func newCleanupCmd(g *globals) *cobra.Command {
 	var cfg ops.CleanupConfig
 	cmd := &cobra.Command{

@@ -136,8 +136,10 @@ group and exit 0.`,
 	f.StringVar(&topics, "topics", "", "topics to read, comma-separated (the relay publishes type order.* to topic order, after its --topic-prefix); required")
 	f.StringVar(&cfg.Group, "group", "", `Kafka consumer group (default: --name, else "`+defaultConsumeName+`")`)
 	f.StringVar(&cfg.Name, "name", "", `consumer name recorded in the processed table: each name handles each event once (default: --group, else "`+defaultConsumeName+`")`)
-	f.IntVar(&cfg.BatchSize, "batch-size", 0, "consecutive records of a partition handled in one transaction (0: the consumer's default, 100)")
-	f.IntVar(&cfg.Concurrency, "concurrency", 0, "partitions handled at once, each in its own transactions (0: the consumer's default, 1)")
+	// 0, not the consumer's defaults: a --concurrency given sizes the pool,
+	// else pgx's default does.
+	f.IntVar(&cfg.BatchSize, "batch-size", 0, fmt.Sprintf("consecutive records of a partition handled in one transaction (0: the consumer's default, %d)", consumer.DefaultBatchSize))
+	f.IntVar(&cfg.Concurrency, "concurrency", 0, fmt.Sprintf("partitions handled at once, each in its own transactions (0: the consumer's default, %d)", consumer.DefaultConcurrency))
 	f.StringVar(&output, "output", "json", "json: one line per new event on stdout; none: print nothing")
 	return cmd
 }

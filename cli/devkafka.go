@@ -41,6 +41,6 @@ not replicate: use it for development, demos and tests, not production.`,
 	cmd.Flags().StringVar(&cfg.Listen, "listen", "127.0.0.1:9092", "host:port to listen on (port 0 picks one)")
 	cmd.Flags().IntVar(&cfg.Partitions, "partitions", 6, "partitions of auto-created topics")
 	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "directory to persist topics and offsets in (default: memory only)")
-	cmd.Flags().IntVar(&cfg.MaxMessageBytes, "max-message-bytes", 0, "the broker's message.max.bytes: larger record batches are refused with MESSAGE_TOO_LARGE (0: Kafka's default, 1048588)")
+	cmd.Flags().IntVar(&cfg.MaxMessageBytes, "max-message-bytes", 0, fmt.Sprintf("the broker's message.max.bytes: larger record batches are refused with MESSAGE_TOO_LARGE (0: Kafka's default, %d)", kafka.DefaultMaxMessageBytes))
 	return cmd
 }

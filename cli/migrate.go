@@ -12,11 +12,12 @@ import (
 func newMigrateCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "migrate",
-		Short: "Create or upgrade the outbox tables (up), show the schema version (status), or revert (down)",
+		Short: "Create or upgrade the outbox tables (up), show the schema version (status), revert (down), or print the SQL (print)",
 		Long: `migrate manages the outbox schema with versioned migrations embedded in this
 binary. 'migrate up' applies what is missing (running it twice is a no-op);
 'migrate status' prints the version a database is at; 'migrate down --to N
---yes' reverts to version N (0 drops the tables and their data).`,
+--yes' reverts to version N (0 drops the tables and their data); 'migrate
+print' writes the SQL for a migration tool of your own.`,
 	}
 	up := &cobra.Command{
 		Use:   "up",
@@ -111,7 +112,64 @@ binary. 'migrate up' applies what is missing (running it twice is a no-op);
 	}
 	down.Flags().StringVar(&to, "to", "", "version to revert to (0 drops everything)")
 	down.Flags().BoolVar(&yes, "yes", false, "confirm that data may be destroyed")
-	cmd.AddCommand(up, status, down)
+	cmd.AddCommand(up, status, down, newMigratePrintCmd(g))
+	return cmd
+}
+
+func newMigratePrintCmd(g *globals) *cobra.Command {
+	var (
+		from, to int
+		down     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "print",
+		Short: "Write the SQL of the migrations, for goose, Flyway, Atlas or psql",
+		Long: `print writes the SQL of each migration to stdout, rendered for --schema,
+--table and --processed-table, for teams whose own tool applies schema
+changes. It connects to no database.
+
+Each migration is preceded by a comment naming its version and name and
+followed by the INSERT that records it in the bookkeeping table
+(<table>_migrations, created first): 'outbox relay' and the operations
+commands refuse to start unless that table records the latest version, so
+copy each INSERT with its migration. Run each migration in one transaction;
+'outbox migrate status' then says the schema is up to date.
+
+  outbox migrate print --schema app > outbox.sql      every migration
+  outbox migrate print --from 3                       only those above 3
+  outbox migrate print --down --to 2                  revert 4, 3 (newest first)`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			switch {
+			case down && c.Flags().Changed("from"):
+				return fmt.Errorf("--from is the version an upgrade starts at; with --down give --to, the version to revert to")
+			case !down && c.Flags().Changed("to"):
+				return fmt.Errorf("--to is the version --down reverts to; add --down, or give --from for an upgrade")
+			}
+			t, err := g.tables()
+			if err != nil {
+				return err
+			}
+			m, err := migrate.New(t)
+			if err != nil {
+				return err
+			}
+			if down {
+				if to < 0 || to > m.Latest() {
+					return fmt.Errorf("--to %d: give a version from 0 (drop the tables) to %d", to, m.Latest())
+				}
+				return m.DownScript(g.stdout, to)
+			}
+			if from < 0 || from > m.Latest() {
+				return fmt.Errorf("--from %d: give the version the database is at, 0 to %d", from, m.Latest())
+			}
+			return m.UpScript(g.stdout, from)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&from, "from", 0, "the version the database is at: print only the migrations above it")
+	f.BoolVar(&down, "down", false, "print the down migrations instead, newest first (they destroy data)")
+	f.IntVar(&to, "to", 0, "with --down: the version to revert to (0 drops the tables)")
 	return cmd
 }
 

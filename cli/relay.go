@@ -110,16 +110,20 @@ exit 0. Database and broker outages are retried with backoff.`,
 	rops.register(f)
 	f.StringVar(&cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
 	f.IntVar(&cfg.BatchSize, "batch-size", relay.DefaultBatchSize, "most rows per claim (see also --max-batch-bytes)")
-	f.DurationVar(&cfg.PollInterval, "poll-interval", time.Second, "how often an idle relayer looks for rows without a notification")
+	f.DurationVar(&cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often an idle relayer looks for rows without a notification")
 	f.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most payload bytes one batch holds in memory (a single larger row goes alone)")
-	f.DurationVar(&cfg.BusyPollInterval, "busy-poll-interval", 2*time.Millisecond, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
+	f.DurationVar(&cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
 	f.BoolVar(&cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
 	f.IntVar(&pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
-	f.DurationVar(&cfg.HoldOut, "hold-out", time.Minute, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
-	f.DurationVar(&cfg.MaxHoldOut, "max-hold-out", 30*time.Minute, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "how long the batch in flight may take to finish after SIGTERM")
+	f.DurationVar(&cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
+	f.DurationVar(&cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long the batch in flight may take to finish after SIGTERM")
 	f.DurationVar(&deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
+	// --max-payload-bytes was the relay's own payload limit; the publisher
+	// now learns each topic's, and the nearest meaning is an override of it.
+	f.IntVar(&pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
+	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
 	f.StringVar(&pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	return cmd
 }

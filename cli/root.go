@@ -111,16 +111,12 @@ Configuration comes from flags, with environment fallbacks:
 		newStatsCmd(g),
 		newDemoCmd(g),
 		newEventsCmd(g),
+		newWatchdogCmd(g),
+		newCleanupCmd(g),
+		newBenchCmd(g),
 	)
-	for _, extra := range extraCommands {
-		root.AddCommand(extra(g))
-	}
 	return root
 }
-
-// extraCommands lets other files of this package register commands
-// without editing NewRoot.
-var extraCommands []func(*globals) *cobra.Command
 
 func (g *globals) tables() (outbox.Tables, error) {
 	t := outbox.Tables{Schema: g.schema, Outbox: g.table, Processed: g.processed}

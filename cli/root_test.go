@@ -27,7 +27,7 @@ func TestHelpListsCommands(t *testing.T) {
 	t.Parallel()
 	code, out, _ := outbox(t, "--help")
 	require.Equal(t, 0, code)
-	for _, c := range []string{"migrate", "relay", "dev-kafka", "stats", "demo"} {
+	for _, c := range []string{"migrate", "relay", "consume", "dev-kafka", "stats", "demo", "events", "watchdog", "cleanup", "bench"} {
 		require.Contains(t, out, c)
 	}
 	code, out, _ = outbox(t, "relay", "--help")

@@ -12,8 +12,6 @@ import (
 	"github.com/pgoutbox/outbox/ops"
 )
 
-func init() { extraCommands = append(extraCommands, newWatchdogCmd) }
-
 func newWatchdogCmd(g *globals) *cobra.Command {
 	var (
 		cfg    ops.WatchdogConfig

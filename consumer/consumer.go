@@ -21,6 +21,12 @@ import (
 	"github.com/pgoutbox/outbox/kafka"
 )
 
+// Defaults of Config that `outbox consume` names in its flags' help.
+const (
+	DefaultBatchSize   = 100
+	DefaultConcurrency = 1
+)
+
 // Config configures a Consumer.
 type Config struct {
 	// Name is the consumer's name: events are deduplicated per name, and
@@ -68,7 +74,7 @@ type Config struct {
 	// BatchSize is how many consecutive records of one partition are
 	// processed in one transaction (ProcessBatch). When a handler fails,
 	// that batch is rolled back and its records are processed one by one.
-	// 1 turns batching off. Defaults to 100.
+	// 1 turns batching off. Defaults to DefaultBatchSize (100).
 	BatchSize int
 	// MaxPollRecords bounds how many records one poll takes. Rebalances
 	// wait while a poll's records are processed, so this bounds how long a
@@ -79,7 +85,7 @@ type Config struct {
 	// in order. Raise it only when handlers of different partitions touch
 	// different rows: two batches that update the same rows in different
 	// orders deadlock, and Postgres takes deadlock_timeout (1s by default)
-	// to notice. Defaults to 1.
+	// to notice. Defaults to DefaultConcurrency (1).
 	Concurrency int
 	// CommitInterval is how often offsets of done records are committed
 	// while the rest of a poll is still being processed; a poll's offsets
@@ -235,9 +241,9 @@ func New(cfg Config) (*Consumer, error) {
 		n        *int
 		def, max int
 	}{
-		{"BatchSize", &cfg.BatchSize, 100, 10_000},
+		{"BatchSize", &cfg.BatchSize, DefaultBatchSize, 10_000},
 		{"MaxPollRecords", &cfg.MaxPollRecords, 500, 100_000},
-		{"Concurrency", &cfg.Concurrency, 1, 1024},
+		{"Concurrency", &cfg.Concurrency, DefaultConcurrency, 1024},
 	} {
 		if *f.n < 0 || *f.n > f.max {
 			return nil, fmt.Errorf("consumer: %s is %d; use 1 to %d, or 0 for the default %d", f.name, *f.n, f.max, f.def)

@@ -2,6 +2,8 @@
 // migrations embedded in the binary, applied in order, each in its own
 // transaction, recorded in a bookkeeping table next to the outbox table.
 // Running Up twice is a no-op; concurrent runs serialise on an advisory lock.
+// Teams whose own tool applies schema changes take the same SQL, with the
+// bookkeeping that Validate reads, from UpScript and DownScript.
 //
 //	m, err := migrate.New(outbox.Tables{})
 //	applied, err := m.Up(ctx, pool)
@@ -36,6 +38,14 @@ type Migration struct {
 	up      string
 	down    string
 }
+
+// UpSQL is the SQL that applies the migration, rendered for the
+// Migrator's tables. It does not record the version: see UpScript.
+func (m Migration) UpSQL() string { return m.up }
+
+// DownSQL is the SQL that reverts the migration, rendered for the
+// Migrator's tables. It does not unrecord the version: see DownScript.
+func (m Migration) DownSQL() string { return m.down }
 
 // Beginner is what the migrator needs: *pgxpool.Pool and *pgx.Conn have it.
 type Beginner interface {
@@ -235,7 +245,7 @@ func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
 			if _, err := tx.Exec(ctx, next.up); err != nil {
 				return fmt.Errorf("migrate: version %d (%s): %w", next.Version, next.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+m.versionTbl+" (version) VALUES ($1)", next.Version); err != nil {
+			if _, err := tx.Exec(ctx, m.recordSQL(next.Version)); err != nil {
 				return err
 			}
 			applied = next.Version
@@ -276,7 +286,7 @@ func (m *Migrator) Down(ctx context.Context, db Beginner, target int) ([]int, er
 			if _, err := tx.Exec(ctx, mig.down); err != nil {
 				return fmt.Errorf("migrate: reverting version %d (%s): %w", mig.Version, mig.Name, err)
 			}
-			if _, err := tx.Exec(ctx, "DELETE FROM "+m.versionTbl+" WHERE version = $1", mig.Version); err != nil {
+			if _, err := tx.Exec(ctx, m.unrecordSQL(mig.Version)); err != nil {
 				return err
 			}
 			reverted = mig.Version
@@ -307,10 +317,7 @@ func (m *Migrator) inTx(ctx context.Context, db Beginner, write bool, fn func(pg
 		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgident.Quote(m.tables.Schema)); err != nil {
 			return fmt.Errorf("migrate: create schema: %w", err)
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+m.versionTbl+` (
-  version    INT         PRIMARY KEY,
-  applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
-)`); err != nil {
+		if _, err := tx.Exec(ctx, m.versionTableSQL()); err != nil {
 			return fmt.Errorf("migrate: create %s: %w", m.versionTbl, err)
 		}
 	}
@@ -318,6 +325,27 @@ func (m *Migrator) inTx(ctx context.Context, db Beginner, write bool, fn func(pg
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// versionTableSQL creates the bookkeeping table: one row per applied
+// version. Up and Validate read it, so a schema migrated by another tool
+// must have it too (UpScript writes it).
+func (m *Migrator) versionTableSQL() string {
+	return `CREATE TABLE IF NOT EXISTS ` + m.versionTbl + ` (
+  version    INT         PRIMARY KEY,
+  applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)`
+}
+
+// recordSQL and unrecordSQL record and unrecord one applied version. The
+// version is a literal, not a parameter, so that the statements also stand
+// in a script (UpScript, DownScript).
+func (m *Migrator) recordSQL(version int) string {
+	return "INSERT INTO " + m.versionTbl + " (version) VALUES (" + strconv.Itoa(version) + ")"
+}
+
+func (m *Migrator) unrecordSQL(version int) string {
+	return "DELETE FROM " + m.versionTbl + " WHERE version = " + strconv.Itoa(version)
 }
 
 func (m *Migrator) current(ctx context.Context, tx pgx.Tx) (int, error) {

@@ -44,7 +44,8 @@ type CleanupConfig struct {
 	Retention time.Duration
 	// ProcessedRetention: processed_events rows older than this (by
 	// processed_at) are deleted. Keep it longer than any redelivery window
-	// (see DefaultProcessedRetention). Defaults to 30d.
+	// (see DefaultProcessedRetention). Defaults to DefaultProcessedRetention
+	// (30d).
 	ProcessedRetention time.Duration
 	// SkipProcessed leaves processed_events alone, e.g. when consumers keep
 	// it in another database and clean it there. Defaults to false.

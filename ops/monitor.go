@@ -16,6 +16,15 @@ import (
 	"github.com/pgoutbox/outbox/relay"
 )
 
+// Monitor defaults, applied by NewMonitor and used by `outbox relay`'s
+// flags.
+const (
+	DefaultRefreshInterval  = 5 * time.Second
+	DefaultWatchdogInterval = time.Minute
+	DefaultCleanupInterval  = time.Hour
+	DefaultCheckTimeout     = 2 * time.Second
+)
+
 // MonitorConfig configures a Monitor. Pool is required.
 type MonitorConfig struct {
 	// Pool connects to the outbox database. Required.
@@ -23,7 +32,8 @@ type MonitorConfig struct {
 	// Tables names the outbox. Defaults to public.events_outbox.
 	Tables outbox.Tables
 	// RefreshInterval is how often the pending, lag and stuck gauges are
-	// read (one query over the pending rows). Defaults to 5s.
+	// read (one query over the pending rows). Defaults to
+	// DefaultRefreshInterval (5s).
 	RefreshInterval time.Duration
 	// StuckAfter: rows pending longer are stuck. Defaults to
 	// DefaultStuckAfter (5m).
@@ -31,10 +41,11 @@ type MonitorConfig struct {
 	// MaxLag is the lag SLO. Defaults to DefaultMaxLag (5s).
 	MaxLag time.Duration
 	// WatchdogInterval is how often stuck rows and the SLO are logged.
-	// Defaults to 1m.
+	// Defaults to DefaultWatchdogInterval (1m).
 	WatchdogInterval time.Duration
 	// CleanupInterval is how often retention cleanup runs (one replica at a
-	// time; see Cleanup). The first run is at start. Defaults to 1h.
+	// time; see Cleanup). The first run is at start. Defaults to
+	// DefaultCleanupInterval (1h).
 	CleanupInterval time.Duration
 	// DisableCleanup turns the cleanup job off, e.g. when cron runs
 	// `outbox cleanup`. Defaults to false.
@@ -45,7 +56,8 @@ type MonitorConfig struct {
 	// Checks are readiness checks besides the database ping, e.g. a broker
 	// ping. Defaults to none.
 	Checks []ReadyCheck
-	// CheckTimeout bounds each readiness check. Defaults to 2s.
+	// CheckTimeout bounds each readiness check. Defaults to
+	// DefaultCheckTimeout (2s).
 	CheckTimeout time.Duration
 	// Logger receives the watchdog's warnings and the jobs' reports.
 	// Defaults to slog.Default().
@@ -92,12 +104,12 @@ func NewMonitor(cfg MonitorConfig) (*Monitor, error) {
 		v    *time.Duration
 		def  time.Duration
 	}{
-		{"RefreshInterval", &cfg.RefreshInterval, 5 * time.Second},
+		{"RefreshInterval", &cfg.RefreshInterval, DefaultRefreshInterval},
 		{"StuckAfter", &cfg.StuckAfter, DefaultStuckAfter},
 		{"MaxLag", &cfg.MaxLag, DefaultMaxLag},
-		{"WatchdogInterval", &cfg.WatchdogInterval, time.Minute},
-		{"CleanupInterval", &cfg.CleanupInterval, time.Hour},
-		{"CheckTimeout", &cfg.CheckTimeout, 2 * time.Second},
+		{"WatchdogInterval", &cfg.WatchdogInterval, DefaultWatchdogInterval},
+		{"CleanupInterval", &cfg.CleanupInterval, DefaultCleanupInterval},
+		{"CheckTimeout", &cfg.CheckTimeout, DefaultCheckTimeout},
 	} {
 		if *d.v < 0 {
 			return nil, fmt.Errorf("ops: monitor %s is %s; use a positive duration, or 0 for the default", d.name, *d.v)

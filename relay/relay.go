@@ -32,10 +32,17 @@ import (
 	"github.com/pgoutbox/outbox/migrate"
 )
 
-// Defaults of Config.
+// Defaults of Config, applied by New and used by `outbox relay`'s flags.
 const (
-	DefaultBatchSize     = 5000
-	DefaultMaxBatchBytes = 4 << 20
+	DefaultBatchSize        = 5000
+	DefaultMaxBatchBytes    = 4 << 20
+	DefaultPollInterval     = time.Second
+	DefaultBusyPollInterval = 2 * time.Millisecond
+	DefaultHoldOut          = time.Minute
+	DefaultMaxHoldOut       = 30 * time.Minute
+	DefaultBackoffMin       = 100 * time.Millisecond
+	DefaultBackoffMax       = 30 * time.Second
+	DefaultShutdownTimeout  = 30 * time.Second
 )
 
 // Config configures a Relayer. Pool and Publisher are required.
@@ -54,16 +61,17 @@ type Config struct {
 	// commit's flush, the broker round trip) over more rows: one relayer
 	// drained 92k events/s with 5,000 against 67k with 1,000
 	// (BENCHMARKS.md); MaxBatchBytes keeps large payloads from multiplying
-	// the memory this takes. Defaults to 5000.
+	// the memory this takes. Defaults to DefaultBatchSize (5000).
 	BatchSize int
 	// MaxBatchBytes bounds the payload bytes of one batch, which the relayer
 	// holds in memory (twice, with pipelining), so large payloads cannot
 	// multiply its footprint: a claim stops before the row that would cross
 	// it (a single larger row still goes alone). Sizes are as stored, after
-	// Postgres' compression of large values. Defaults to 4 MiB.
+	// Postgres' compression of large values. Defaults to
+	// DefaultMaxBatchBytes (4 MiB).
 	MaxBatchBytes int
 	// PollInterval is how long an idle relayer waits for new rows when no
-	// notification arrives. Defaults to 1s.
+	// notification arrives. Defaults to DefaultPollInterval (1s).
 	PollInterval time.Duration
 	// BusyPollInterval is how soon the relayer claims again after a batch
 	// that found rows, instead of waiting for a notification; each claim
@@ -71,7 +79,8 @@ type Config struct {
 	// Producers notify at most once per outbox.Config.NotifyInterval, so
 	// this is what picks up the events committed between two
 	// notifications; it also keeps a poll-only relayer's latency low while
-	// events flow. A negative value turns it off. Defaults to 2ms.
+	// events flow. A negative value turns it off. Defaults to
+	// DefaultBusyPollInterval (2ms).
 	BusyPollInterval time.Duration
 	// PollOnly disables LISTEN/NOTIFY, for connection poolers in transaction
 	// mode (PgBouncer, Supavisor), which cannot hold a LISTEN. Defaults to
@@ -83,17 +92,19 @@ type Config struct {
 	// failure of the same row doubles it, up to MaxHoldOut, with 10%
 	// jitter. Later rows of that aggregate wait too: order is kept. Holds
 	// are recorded in the failures table, so every relayer honours them and
-	// `outbox events retry` lifts them for all. Defaults to 1m.
+	// `outbox events retry` lifts them for all. Defaults to DefaultHoldOut
+	// (1m).
 	HoldOut time.Duration
-	// MaxHoldOut caps the doubling of HoldOut. Defaults to 30m.
+	// MaxHoldOut caps the doubling of HoldOut. Defaults to
+	// DefaultMaxHoldOut (30m).
 	MaxHoldOut time.Duration
 	// BackoffMin and BackoffMax bound the exponential backoff (with jitter)
 	// after a failed batch: broker or database unreachable. Default to
-	// 100ms and 30s.
+	// DefaultBackoffMin (100ms) and DefaultBackoffMax (30s).
 	BackoffMin, BackoffMax time.Duration
 	// ShutdownTimeout bounds how long Run lets the in-flight batch finish
 	// after its context is cancelled; past it the batch is abandoned and
-	// rolled back. Defaults to 30s.
+	// rolled back. Defaults to DefaultShutdownTimeout (30s).
 	ShutdownTimeout time.Duration
 	// DisablePipelining makes the relayer claim its next batch only after
 	// the previous one committed. By default, while a full batch is being
@@ -193,17 +204,17 @@ func New(cfg Config) (*Relayer, error) {
 	}
 	switch {
 	case cfg.BusyPollInterval == 0:
-		cfg.BusyPollInterval = 2 * time.Millisecond
+		cfg.BusyPollInterval = DefaultBusyPollInterval
 	case cfg.BusyPollInterval < 0:
 		cfg.BusyPollInterval = -1 // off
 	}
 	for _, f := range []dflt{
-		{"PollInterval", &cfg.PollInterval, time.Second},
-		{"HoldOut", &cfg.HoldOut, time.Minute},
-		{"MaxHoldOut", &cfg.MaxHoldOut, 30 * time.Minute},
-		{"BackoffMin", &cfg.BackoffMin, 100 * time.Millisecond},
-		{"BackoffMax", &cfg.BackoffMax, 30 * time.Second},
-		{"ShutdownTimeout", &cfg.ShutdownTimeout, 30 * time.Second},
+		{"PollInterval", &cfg.PollInterval, DefaultPollInterval},
+		{"HoldOut", &cfg.HoldOut, DefaultHoldOut},
+		{"MaxHoldOut", &cfg.MaxHoldOut, DefaultMaxHoldOut},
+		{"BackoffMin", &cfg.BackoffMin, DefaultBackoffMin},
+		{"BackoffMax", &cfg.BackoffMax, DefaultBackoffMax},
+		{"ShutdownTimeout", &cfg.ShutdownTimeout, DefaultShutdownTimeout},
 	} {
 		if *f.d < 0 {
 			return nil, fmt.Errorf("relay: %s is %s; use a positive duration, or 0 for the default", f.name, *f.d)
@@ -216,7 +227,7 @@ func New(cfg Config) (*Relayer, error) {
 		return nil, fmt.Errorf("relay: BackoffMax (%s) is below BackoffMin (%s); raise BackoffMax or lower BackoffMin", cfg.BackoffMax, cfg.BackoffMin)
 	}
 	if cfg.BatchSize < 0 || cfg.BatchSize > 100_000 {
-		return nil, fmt.Errorf("relay: BatchSize is %d; use 1 to 100000, or 0 for the default 5000", cfg.BatchSize)
+		return nil, fmt.Errorf("relay: BatchSize is %d; use 1 to 100000, or 0 for the default %d", cfg.BatchSize, DefaultBatchSize)
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = DefaultBatchSize

@@ -1,0 +1,96 @@
+package migrate
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// UpScript writes, as one SQL script, the migrations above version from
+// (0 for a new database), in order, rendered for the Migrator's tables:
+// for teams whose own tool (goose, Flyway, Atlas, psql) applies schema
+// changes. Each migration is preceded by a comment naming its version and
+// name, and followed by the INSERT that records it in the bookkeeping
+// table, which the script creates first: Validate, and so `outbox relay`
+// and the operations commands, refuse a table whose recorded version is
+// not Latest. Run each migration with its INSERT in one transaction.
+func (m *Migrator) UpScript(w io.Writer, from int) error {
+	if from < 0 || from > m.Latest() {
+		return fmt.Errorf("migrate: from version %d is out of range 0..%d", from, m.Latest())
+	}
+	b := bufio.NewWriter(w)
+	if m.scriptHeader(b, "up", from+1, m.Latest()) {
+		return b.Flush()
+	}
+	fmt.Fprintf(b, `-- Each migration below ends with the INSERT that records it in
+-- %s: 'outbox relay', 'outbox consume' and the
+-- operations commands refuse to start unless that table records
+-- version %d. Copy each INSERT with its migration into your tool's
+-- migrations, run each migration with its INSERT in one transaction, and
+-- check with 'outbox migrate status'. The schema and that table come first.
+
+CREATE SCHEMA IF NOT EXISTS %s;
+
+%s;
+`, m.versionTbl, m.Latest(), pgident.Quote(m.tables.Schema), m.versionTableSQL())
+	for _, mig := range m.migrations[from:] {
+		fmt.Fprintf(b, "\n-- outbox migration %d: %s (up)\n\n", mig.Version, mig.Name)
+		writeSQL(b, mig.up)
+		fmt.Fprintf(b, "\n%s;\n", m.recordSQL(mig.Version))
+	}
+	return b.Flush()
+}
+
+// DownScript writes, as one SQL script, the down migrations that revert a
+// database at Latest to version to (0 drops the tables), newest first,
+// each followed by the DELETE that unrecords it: what Down does, for
+// another tool to run. Reverting destroys data.
+func (m *Migrator) DownScript(w io.Writer, to int) error {
+	if to < 0 || to > m.Latest() {
+		return fmt.Errorf("migrate: target version %d is out of range 0..%d", to, m.Latest())
+	}
+	b := bufio.NewWriter(w)
+	if m.scriptHeader(b, "down", m.Latest(), to+1) {
+		return b.Flush()
+	}
+	fmt.Fprintf(b, `-- Reverting destroys the data of the tables it drops. Each migration below
+-- ends with the DELETE that unrecords it in
+-- %s; run each with its DELETE in one transaction.
+`, m.versionTbl)
+	for i := m.Latest() - 1; i >= to; i-- {
+		mig := m.migrations[i]
+		fmt.Fprintf(b, "\n-- outbox migration %d: %s (down)\n\n", mig.Version, mig.Name)
+		writeSQL(b, mig.down)
+		fmt.Fprintf(b, "\n%s;\n", m.unrecordSQL(mig.Version))
+	}
+	return b.Flush()
+}
+
+// scriptHeader names the tables and the versions a script applies (up)
+// or reverts (down), first to last in the order they run; it reports
+// whether there are none.
+func (m *Migrator) scriptHeader(b *bufio.Writer, dir string, first, last int) (none bool) {
+	fmt.Fprintf(b, "-- outbox schema for %s (processed table %s):\n", m.tables.OutboxIdent(), m.tables.ProcessedIdent())
+	switch {
+	case dir == "up" && first > last:
+		fmt.Fprintf(b, "-- nothing to apply: version %d is the latest.\n", m.Latest())
+		return true
+	case dir == "down" && first < last:
+		fmt.Fprintf(b, "-- nothing to revert: the target, version %d, is the latest.\n", m.Latest())
+		return true
+	case first == last:
+		fmt.Fprintf(b, "-- migration %d, %s.\n--\n", first, dir)
+	default:
+		fmt.Fprintf(b, "-- migrations %d to %d, %s.\n--\n", first, last, dir)
+	}
+	return false
+}
+
+// writeSQL writes a migration's SQL ending with exactly one newline.
+func writeSQL(b *bufio.Writer, sql string) {
+	b.WriteString(strings.TrimRight(sql, "\n"))
+	b.WriteString("\n")
+}
