@@ -19,6 +19,11 @@
 //		return err
 //	})
 //
+// Emit and EmitBatch take a pgx.Tx, and EmitSQL and EmitBatchSQL a
+// *sql.Tx, rather than anything that can run a query: given a pool, the
+// insert would commit on its own, and an event could be published for a
+// business write that rolled back.
+//
 // Create the tables first with `outbox migrate up` (or package migrate).
 // QueueEmit does the same on a pgx.Batch, so the event travels with the
 // business statements and costs no round trip of its own.

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -211,22 +212,12 @@ SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb`)
 	return b.String()
 }
 
-// Querier is what Emit needs from a pgx transaction. pgx.Tx satisfies it.
-// Emit is only atomic with your business writes when this is the
-// transaction that makes them.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
-// SQLQuerier is what EmitSQL needs from a database/sql transaction. *sql.Tx
-// satisfies it.
-type SQLQuerier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
 // Emit writes one event into the outbox within tx and returns its id (the
-// event_id header consumers will see). The event exists iff tx commits.
-func (p *Producer) Emit(ctx context.Context, tx Querier, ev Event) (int64, error) {
+// event_id header consumers will see). The event exists iff tx commits, so
+// pass the transaction that makes your business writes. It takes a pgx.Tx,
+// not a pool or connection, because an insert outside that transaction
+// would publish events for writes that may roll back.
+func (p *Producer) Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
 	sql, args, err := p.prepareOne(ev)
 	if err != nil {
 		return 0, err
@@ -306,7 +297,7 @@ func b2i(b bool) int {
 // EmitBatch writes events into the outbox within tx in one round trip and
 // returns their ids, in input order. Every event is validated first: on a
 // validation error nothing is sent and tx is untouched.
-func (p *Producer) EmitBatch(ctx context.Context, tx Querier, events []Event) ([]int64, error) {
+func (p *Producer) EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) ([]int64, error) {
 	sql, args, err := p.prepare(events, false)
 	if err != nil {
 		return nil, err
@@ -322,13 +313,14 @@ func (p *Producer) EmitBatch(ctx context.Context, tx Querier, events []Event) ([
 	return p.orderIDs(ids, len(events))
 }
 
-// EmitSQL is Emit for a database/sql transaction (any Postgres driver).
-func (p *Producer) EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64, error) {
-	sql, args, err := p.prepareOne(ev)
+// EmitSQL is Emit for a database/sql transaction (any Postgres driver):
+// the event exists iff tx commits.
+func (p *Producer) EmitSQL(ctx context.Context, tx *sql.Tx, ev Event) (int64, error) {
+	query, args, err := p.prepareOne(ev)
 	if err != nil {
 		return 0, err
 	}
-	ids, err := p.collectSQL(ctx, tx, sql, args, 1)
+	ids, err := p.collectSQL(ctx, tx, query, args, 1)
 	if err == nil {
 		ids, err = p.orderIDs(ids, 1)
 	}
@@ -339,12 +331,12 @@ func (p *Producer) EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64,
 }
 
 // EmitBatchSQL is EmitBatch for a database/sql transaction.
-func (p *Producer) EmitBatchSQL(ctx context.Context, tx SQLQuerier, events []Event) ([]int64, error) {
-	sql, args, err := p.prepare(events, true)
+func (p *Producer) EmitBatchSQL(ctx context.Context, tx *sql.Tx, events []Event) ([]int64, error) {
+	query, args, err := p.prepare(events, true)
 	if err != nil {
 		return nil, err
 	}
-	ids, err := p.collectSQL(ctx, tx, sql, args, len(events))
+	ids, err := p.collectSQL(ctx, tx, query, args, len(events))
 	if err != nil {
 		return nil, err
 	}
@@ -353,8 +345,8 @@ func (p *Producer) EmitBatchSQL(ctx context.Context, tx SQLQuerier, events []Eve
 
 // collectSQL runs an insert through database/sql and reads its ids (n is
 // the capacity to expect; orderIDs checks the count).
-func (p *Producer) collectSQL(ctx context.Context, tx SQLQuerier, sql string, args []any, n int) ([]int64, error) {
-	rows, err := tx.QueryContext(ctx, sql, args...)
+func (p *Producer) collectSQL(ctx context.Context, tx *sql.Tx, query string, args []any, n int) ([]int64, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, p.insertErr(err)
 	}
@@ -513,12 +505,39 @@ func serialise(v any) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("cannot marshal %T: %s", v, err)
 		}
-		return b, nil // valid JSON: encoding/json checks what Marshalers return
+		// Valid JSON (encoding/json checks what Marshalers return), but
+		// encoding/json writes each invalid UTF-8 byte of a string as the
+		// escape \ufffd, and a real U+FFFD as the character itself: an
+		// escape means the value was about to be rewritten.
+		if i := replacementEscape(b); i >= 0 {
+			return nil, fmt.Errorf("a string in the %T is not valid UTF-8 (at byte %d of its JSON); encoding/json would replace its bad bytes with U+FFFD: fix the string, or pass the payload as raw JSON", v, i)
+		}
+		return b, nil
 	}
 	if !json.Valid(raw) {
 		return nil, fmt.Errorf("%d bytes of raw payload are not valid JSON; pass a Go value to marshal, or fix the bytes", len(raw))
 	}
 	return raw, nil
+}
+
+// replacementEscape returns where js holds the escape \ufffd (not an
+// escaped backslash followed by "ufffd"), or -1.
+func replacementEscape(js []byte) int {
+	for off := 0; ; {
+		i := bytes.Index(js[off:], []byte(`\ufffd`))
+		if i < 0 {
+			return -1
+		}
+		i += off
+		slashes := 0
+		for j := i - 1; j >= 0 && js[j] == '\\'; j-- {
+			slashes++
+		}
+		if slashes%2 == 0 {
+			return i
+		}
+		off = i + 1
+	}
 }
 
 // sizeText is n bytes, with a rounded figure beside it from 1 KiB.
@@ -585,7 +604,7 @@ var defaultProducer = func() *Producer {
 
 // Emit writes ev into public.events_outbox within tx, with the default
 // Config. See Producer.Emit.
-func Emit(ctx context.Context, tx Querier, ev Event) (int64, error) {
+func Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
 	return defaultProducer.Emit(ctx, tx, ev)
 }
 
@@ -597,16 +616,16 @@ func QueueEmit(batch *pgx.Batch, ev Event) (*Queued, error) {
 
 // EmitBatch writes events into public.events_outbox within tx, with the
 // default Config. See Producer.EmitBatch.
-func EmitBatch(ctx context.Context, tx Querier, events []Event) ([]int64, error) {
+func EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) ([]int64, error) {
 	return defaultProducer.EmitBatch(ctx, tx, events)
 }
 
 // EmitSQL is Emit for a database/sql transaction.
-func EmitSQL(ctx context.Context, tx SQLQuerier, ev Event) (int64, error) {
+func EmitSQL(ctx context.Context, tx *sql.Tx, ev Event) (int64, error) {
 	return defaultProducer.EmitSQL(ctx, tx, ev)
 }
 
 // EmitBatchSQL is EmitBatch for a database/sql transaction.
-func EmitBatchSQL(ctx context.Context, tx SQLQuerier, events []Event) ([]int64, error) {
+func EmitBatchSQL(ctx context.Context, tx *sql.Tx, events []Event) ([]int64, error) {
 	return defaultProducer.EmitBatchSQL(ctx, tx, events)
 }

@@ -187,6 +187,9 @@ func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 		// What Postgres would refuse with an error that aborts the
 		// transaction (22021, 22P05) is refused here instead.
 		{"invalid UTF-8 in payload", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: []byte("{\"a\":\"\xff\"}")}, outbox.ErrInvalidPayload, "byte 6 (0xff) is not valid UTF-8"},
+		// encoding/json would write U+FFFD for the bad byte: refused, not
+		// rewritten (a real U+FFFD, or the text \ufffd, is fine: below).
+		{"invalid UTF-8 in a Go value", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: map[string]string{"a": "bad\xff"}}, outbox.ErrInvalidPayload, "a string in the map[string]string is not valid UTF-8"},
 		{"invalid UTF-8 in raw message", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage("[\"ok\",\"\xc3\"]")}, outbox.ErrInvalidPayload, "not valid UTF-8"},
 		{"NUL escape in payload", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(`{"a":"\u0000"}`)}, outbox.ErrInvalidPayload, `\u0000 at byte 6 is a NUL character`},
 		{"lone high surrogate", outbox.Event{AggregateID: agg, Type: "order.placed", Payload: json.RawMessage(`"\ud800"`)}, outbox.ErrInvalidPayload, `\ud800 at byte 1 is a UTF-16 high surrogate not followed by a low surrogate`},
@@ -245,8 +248,11 @@ func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 			require.NoError(t, stx.Commit())
 		})
 	}
-	_, err = p.EmitBatch(ctx, db.Pool, nil)
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = p.EmitBatch(ctx, tx, nil)
 	require.ErrorIs(t, err, outbox.ErrEmptyBatch)
+	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 0, countRows(t, db), "nothing may be written")
 }
 
@@ -263,19 +269,25 @@ func TestEmitAcceptsWhatPostgresStores(t *testing.T) {
 	dup := `{"k":"` + strings.Repeat("x", 1<<20) + `","k":"small"}`
 	for _, tc := range []struct {
 		name, payload, stored string
+		value                 any // a Go value instead of payload
 	}{
-		{"escaped backslash before u0000", `{"a":"\\u0000"}`, `{"a": "\\u0000"}`},
-		{"surrogate pair", `["\ud83d\ude00"]`, `["😀"]`},
-		{"numbers", `[1e3,1.5e-3,-0.0,1E+2,15e-1,0.10]`, `[1000, 0.0015, 0.0, 100, 1.5, 0.10]`},
-		{"repeated key", `{"b":1,"a":2,"a":3}`, `{"a": 3, "b": 1}`},
-		{"same raw size as the refused array, no growth", same, same},
-		{"repeated key over the limit as given", dup, `{"k": "small"}`},
+		{"escaped backslash before u0000", `{"a":"\\u0000"}`, `{"a": "\\u0000"}`, nil},
+		{"a real U+FFFD and the text \\ufffd in a Go value", "", "{\"y\": \"ok\uFFFD\", \"z\": \"lit\\\\ufffd\"}", map[string]string{"y": "ok\uFFFD", "z": `lit\ufffd`}},
+		{"surrogate pair", `["\ud83d\ude00"]`, `["😀"]`, nil},
+		{"numbers", `[1e3,1.5e-3,-0.0,1E+2,15e-1,0.10]`, `[1000, 0.0015, 0.0, 100, 1.5, 0.10]`, nil},
+		{"repeated key", `{"b":1,"a":2,"a":3}`, `{"a": 3, "b": 1}`, nil},
+		{"same raw size as the refused array, no growth", same, same, nil},
+		{"repeated key over the limit as given", dup, `{"k": "small"}`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var id int64
 			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 				var err error
-				id, err = p.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: json.RawMessage(tc.payload)})
+				var payload any = json.RawMessage(tc.payload)
+				if tc.value != nil {
+					payload = tc.value
+				}
+				id, err = p.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: payload})
 				return err
 			})
 			require.NoError(t, err)

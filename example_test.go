@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,6 +35,65 @@ func ExampleEmit() {
 		return err
 	})
 	if err != nil {
+		fmt.Println("order not placed:", err)
+	}
+}
+
+// EmitBatch writes several events in one round trip, inside the same kind
+// of transaction: they all exist iff it commits.
+func ExampleEmitBatch() {
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, "") // libpq defaults / PG* environment
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer conn.Close(ctx)
+
+	orderID := uuid.New()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// ... insert the order and its lines with tx ...
+		ids, err := outbox.EmitBatch(ctx, tx, []outbox.Event{
+			{AggregateID: orderID, Type: "order.placed", Payload: map[string]any{"order_id": orderID}},
+			{AggregateID: orderID, Type: "order.paid", Payload: map[string]any{"order_id": orderID}},
+		})
+		_ = ids // in input order
+		return err
+	})
+	if err != nil {
+		fmt.Println("order not placed:", err)
+	}
+}
+
+// EmitSQL is Emit for a database/sql transaction (here through pgx's
+// stdlib driver, registered as "pgx"; lib/pq works the same way).
+func ExampleEmitSQL() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", "")
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer db.Close()
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+
+	orderID := uuid.New()
+	// ... insert the order with tx ...
+	if _, err := outbox.EmitSQL(ctx, tx, outbox.Event{
+		AggregateID: orderID,
+		Type:        "order.placed",
+		Payload:     map[string]any{"order_id": orderID, "total_cents": 1999},
+	}); err != nil {
+		fmt.Println("order not placed:", err)
+		return
+	}
+	if err := tx.Commit(); err != nil {
 		fmt.Println("order not placed:", err)
 	}
 }

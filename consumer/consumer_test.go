@@ -48,13 +48,19 @@ func TestConsumerDeadLetters(t *testing.T) {
 
 	noID := event("t", 0, 2, "item.ok", `{}`)
 	noID.Headers = noID.Headers[1:]
+	// rawID is a record whose (first) event_id header is raw.
+	rawID := func(raw string) *kgo.Record {
+		r := event("t", 0, 1, "item.ok", `{}`)
+		r.Headers[0].Value = []byte(raw)
+		return r
+	}
 	recs := []*kgo.Record{
 		event("t", 0, 1, "item.ok", `{"n":1}`),
 		noID,
-		event("t", 0, 0, "item.ok", `{}`, kafka.HeaderEventID, "abc"), // a second event_id header wins
+		rawID("abc"),
 		event("t", 0, 0, "item.ok", `{}`),
 		event("t", 0, -5, "item.ok", `{}`),
-		event("t", 0, 6, "item.ok", `{}`, kafka.HeaderEventID, ""),
+		rawID(""),
 		event("t", 0, 7, "item.ok", `not json`, "trace", "abc123"),
 		event("t", 0, 8, "item.unknown", `{}`),
 		event("t", 0, 9, "item.fail", `{}`),

@@ -27,7 +27,9 @@ type Event struct {
 	// Payload is the JSON body.
 	Payload []byte
 	// Headers holds every header of the record, including event_id,
-	// event_type and event_source.
+	// event_type and event_source. A repeated header keeps its last value,
+	// except those the relayer sets (outbox.IsReservedHeader), which keep
+	// their first: the relayer's, as ID, Type and Source do.
 	Headers map[string]string
 
 	// Topic, Partition and Offset locate the record when the event came

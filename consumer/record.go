@@ -11,7 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/kafka"
 )
 
 // Headers the Consumer adds to a dead-lettered record, after the original
@@ -60,6 +59,12 @@ func (m *malformed) Error() string { return "malformed record: " + m.reason }
 
 // decode turns a record into an Event, or says why it is malformed.
 // Routing (an unknown type) is checked by the caller.
+//
+// A reserved header (outbox.IsReservedHeader) that occurs more than once
+// keeps its first value: the relayer writes its own headers before the
+// event's, so a second event_id or event_source can only come from another
+// producer (kcat, a hand-built record), and must not change the dedupe key.
+// Other repeated headers keep their last value.
 func decode(r *kgo.Record) (Event, *malformed) {
 	ev := Event{
 		Headers:   make(map[string]string, len(r.Headers)),
@@ -69,24 +74,27 @@ func decode(r *kgo.Record) (Event, *malformed) {
 		Offset:    r.Offset,
 	}
 	for _, h := range r.Headers {
+		if _, seen := ev.Headers[h.Key]; seen && outbox.IsReservedHeader(h.Key) {
+			continue
+		}
 		ev.Headers[h.Key] = string(h.Value)
 	}
-	rawID, ok := ev.Headers[kafka.HeaderEventID]
+	rawID, ok := ev.Headers[outbox.HeaderEventID]
 	if !ok {
-		return ev, &malformed{"no " + kafka.HeaderEventID + " header; records must come from the outbox relayer, or carry the outbox row id in it"}
+		return ev, &malformed{"no " + outbox.HeaderEventID + " header; records must come from the outbox relayer, or carry the outbox row id in it"}
 	}
 	id, err := parseEventID(rawID)
 	if err != nil {
 		return ev, &malformed{err.Error()}
 	}
 	ev.ID = id
-	ev.Type = ev.Headers[kafka.HeaderEventType]
-	ev.Source = ev.Headers[kafka.HeaderEventSource]
+	ev.Type = ev.Headers[outbox.HeaderEventType]
+	ev.Source = ev.Headers[outbox.HeaderEventSource]
 	// The source goes into the processed table's text column (which
 	// refuses it otherwise, on every retry), and handlers store the type.
 	for _, h := range [...]struct{ name, value string }{
-		{kafka.HeaderEventSource, ev.Source},
-		{kafka.HeaderEventType, ev.Type},
+		{outbox.HeaderEventSource, ev.Source},
+		{outbox.HeaderEventType, ev.Type},
 	} {
 		if why := outbox.ValidText(h.value); why != "" {
 			return ev, &malformed{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, truncate(h.value, 64), why)}
@@ -110,7 +118,7 @@ func decode(r *kgo.Record) (Event, *malformed) {
 // digits only (no sign, no spaces).
 func parseEventID(s string) (int64, error) {
 	bad := func() (int64, error) {
-		return 0, fmt.Errorf("%s header %q is not a positive decimal integer", kafka.HeaderEventID, truncate(s, 64))
+		return 0, fmt.Errorf("%s header %q is not a positive decimal integer", outbox.HeaderEventID, truncate(s, 64))
 	}
 	if s == "" || len(s) > 19 {
 		return bad()

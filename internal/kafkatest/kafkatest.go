@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox"
 )
 
 // Read polls topics on the broker at addr from their start and returns
@@ -70,7 +72,7 @@ func Headers(r *kgo.Record) map[string]string {
 // not a number.
 func EventID(r *kgo.Record) int64 {
 	for _, h := range r.Headers {
-		if h.Key == "event_id" {
+		if h.Key == outbox.HeaderEventID {
 			id, _ := strconv.ParseInt(string(h.Value), 10, 64)
 			return id
 		}
