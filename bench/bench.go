@@ -27,7 +27,7 @@ type Config struct {
 	// (PGHOST, PGUSER, ...).
 	DatabaseURL string
 	// Kafka is the broker to publish to. With no Brokers, each run starts
-	// an in-process dev broker (kafka.StartDevBroker), so the broker's
+	// an in-process dev broker (devkafka.Start), so the broker's
 	// memory does not carry over from one run to the next. Defaults to the
 	// dev broker.
 	Kafka kafka.ClientConfig

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox/consumer"
-	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // The handler's side effect: one ledger row per order, written in the
@@ -219,11 +219,11 @@ func consumeFromKafka(ctx context.Context, s *session, e *env, evs []consumer.Ev
 	}
 	defer b.close()
 	topic := fmt.Sprintf("bench%s_%s_order", e.id, randomID())
-	client, err := kafka.NewPublisherClient(b.cfg)
+	client, err := kafkapub.NewPublisherClient(b.cfg)
 	if err != nil {
 		return 0, st, err
 	}
-	pub := kafka.NewPublisher(client, kafka.PublisherConfig{})
+	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
 	for i := 0; i < len(evs); i += 1000 {
 		var msgs []relay.Message
 		for _, ev := range evs[i:min(len(evs), i+1000)] {

@@ -16,10 +16,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // env is one scenario's private schema: the outbox tables, migrated, and
@@ -167,14 +169,14 @@ func (e *env) pending(ctx context.Context) (int64, error) {
 // in-process dev broker.
 type broker struct {
 	cfg kafka.ClientConfig
-	dev *kafka.DevBroker
+	dev *devkafka.Broker
 }
 
 func (s *session) startBroker() (*broker, error) {
 	if len(s.cfg.Kafka.Brokers) > 0 {
 		return &broker{cfg: s.cfg.Kafka}, nil
 	}
-	dev, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 6})
+	dev, err := devkafka.Start(devkafka.Config{Partitions: 6})
 	if err != nil {
 		return nil, err
 	}
@@ -255,13 +257,13 @@ func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string
 		g.closers = append(g.closers, pool.Close)
 		var pub relay.Publisher = nullPublisher{}
 		if b != nil {
-			client, err := kafka.NewPublisherClient(b.cfg)
+			client, err := kafkapub.NewPublisherClient(b.cfg)
 			if err != nil {
 				g.stop()
 				return nil, err
 			}
 			g.closers = append(g.closers, client.Close)
-			pub = kafka.NewPublisher(client, kafka.PublisherConfig{})
+			pub = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
 		}
 		cfg := relay.Config{
 			Pool:        pool,

@@ -47,7 +47,7 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 
 	res := &Result{}
 	res.param("preload", "%s pending events over %s aggregates unless the row says otherwise, round-robin (INSERT ... SELECT generate_series, VACUUM ANALYZE, CHECKPOINT), fresh for every drain", thousands(n), thousands(int64(cfg.Aggregates)))
-	res.param("relay", "relay.New with defaults (batch 5,000, 4 MiB, per-aggregate order on, pipelining) + kafka.Publisher; each relayer has its own pool and Kafka client")
+	res.param("relay", "relay.New with defaults (batch 5,000, 4 MiB, per-aggregate order on, pipelining) + kafkapub.Publisher; each relayer has its own pool and Kafka client")
 	res.param("bare SQL", "one client, no broker, no ordering rule: UPDATE ... WHERE id IN (SELECT id ... ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED) until no row is left")
 	res.param("timing", "from start to the commit of the batch that dispatched the last event; %d rounds, drainers interleaved, the median round is reported", rounds)
 

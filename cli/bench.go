@@ -52,7 +52,10 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 		RunE: func(c *cobra.Command, names []string) error {
 			ctx := c.Context()
 			cfg.DatabaseURL = g.databaseURL
-			cfg.Kafka = kf.config()
+			var err error
+			if cfg.Kafka, err = kf.optionalBrokersConfig(); err != nil {
+				return err
+			}
 			cfg.Progress = g.stderr
 			// The relayers' and consumers' info logs would drown the
 			// progress lines; ask for them with --log-level info.

@@ -16,8 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/kafka"
 )
 
 // syncBuffer is a buffer a test reads while a command writes to it.
@@ -87,7 +87,7 @@ func (b *background) lines() []string {
 
 // caughtUp reports whether group has committed offsets at the end of every
 // partition of topics, and read at least one record.
-func caughtUp(t *testing.T, broker *kafka.DevBroker, group string, topics ...string) bool {
+func caughtUp(t *testing.T, broker *devkafka.Broker, group string, topics ...string) bool {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(broker.Addr()))
 	require.NoError(t, err)
@@ -127,7 +127,7 @@ func processedCount(t *testing.T, db *pgtest.DB, name string) int64 {
 func TestConsumePrintsEachEventOncePerName(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
-	broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 3})
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 3})
 	require.NoError(t, err)
 	t.Cleanup(broker.Close)
 	const prefix = "consume_"
@@ -231,7 +231,7 @@ func (failWriter) Write([]byte) (int, error) { return 0, errors.New("no space le
 func TestConsumeStopsWhenStdoutFails(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
-	broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 1})
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
 	require.NoError(t, err)
 	t.Cleanup(broker.Close)
 	for i := range 3 {
@@ -259,7 +259,7 @@ func TestConsumeStopsWhenStdoutFails(t *testing.T) {
 func TestConsumeRejectsBadFlags(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 2})
-	broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 1})
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
 	require.NoError(t, err)
 	t.Cleanup(broker.Close)
 	bare := pgtest.New(t, pgtest.Options{MaxConns: 2, NoMigrate: true})

@@ -26,7 +26,10 @@ fails. It works in a schema of its own and drops it at the end.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg.DatabaseURL = g.databaseURL
-			cfg.Brokers = kf.config()
+			var err error
+			if cfg.Brokers, err = kf.optionalBrokersConfig(); err != nil {
+				return err
+			}
 			cfg.Out = g.stdout
 			cfg.Progress = true
 			if g.logLevel != "info" {

@@ -1,16 +1,19 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"strconv"
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
 func newDevKafkaCmd(g *globals) *cobra.Command {
-	var cfg kafka.DevBrokerConfig
+	var cfg devkafka.Config
 	cmd := &cobra.Command{
 		Use:   "dev-kafka",
 		Short: "Run an embedded Kafka-wire-compatible broker for development (franz-go kfake)",
@@ -23,7 +26,13 @@ not replicate: use it for development, demos and tests, not production.`,
 			if cfg.MaxMessageBytes < 0 {
 				return fmt.Errorf("--max-message-bytes %d: use a positive size in bytes, or 0 for the default %d", cfg.MaxMessageBytes, kafka.DefaultMaxMessageBytes)
 			}
-			b, err := kafka.StartDevBroker(cfg)
+			if cfg.Partitions < 0 {
+				return fmt.Errorf("--partitions %d: use a positive number", cfg.Partitions)
+			}
+			b, err := devkafka.Start(cfg)
+			if opErr := (*net.OpError)(nil); errors.As(err, &opErr) {
+				return fmt.Errorf("dev broker cannot listen on %s: %w (is another broker running there? pick another --listen port)", cfg.Listen, opErr)
+			}
 			if err != nil {
 				return err
 			}

@@ -19,11 +19,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // insertRow inserts one outbox row by plain SQL, as a producer outside Go
@@ -327,7 +329,7 @@ func TestEventsVerbsWithRunningRelayers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 12})
-	broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 3, MaxMessageBytes: 100_000})
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 3, MaxMessageBytes: 100_000})
 	require.NoError(t, err)
 	t.Cleanup(broker.Close)
 	const topic = "evverbs"
@@ -346,12 +348,12 @@ func TestEventsVerbsWithRunningRelayers(t *testing.T) {
 	}
 
 	for range 2 {
-		client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()},
+		client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()},
 			Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
 		require.NoError(t, err)
 		t.Cleanup(client.Close)
 		r, err := relay.New(relay.Config{
-			Pool: db.Pool, Publisher: kafka.NewPublisher(client, kafka.PublisherConfig{}), Tables: db.Tables,
+			Pool: db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables,
 			PollInterval: 100 * time.Millisecond, HoldOut: time.Minute,
 			BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t),
 		})

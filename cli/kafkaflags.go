@@ -62,7 +62,30 @@ func (k *kafkaFlags) brokersConfig() (kafka.ClientConfig, error) {
 	if len(cfg.Brokers) == 0 {
 		return cfg, errors.New("no Kafka brokers: pass --brokers host:port or set KAFKA_BROKERS (for a local broker run 'outbox dev-kafka')")
 	}
-	return cfg, nil
+	return cfg, k.check()
+}
+
+// check refuses the flag combinations kafka.ClientConfig.Options refuses,
+// in terms of the flags: the library's errors name its config fields.
+func (k *kafkaFlags) check() error {
+	tlsOn := k.tls || k.tlsCA != "" || k.tlsCert != ""
+	if tlsOn && (k.tlsCert == "") != (k.tlsKey == "") {
+		return errors.New("a TLS client certificate needs both --tls-cert and --tls-key")
+	}
+	if k.saslMech != "" && k.saslUser == "" {
+		return fmt.Errorf("SASL %s needs a user (--sasl-user or KAFKA_SASL_USER) and password (--sasl-password or KAFKA_SASL_PASSWORD)", k.saslMech)
+	}
+	return nil
+}
+
+// optionalBrokersConfig is config for a command that starts a dev broker of
+// its own unless --brokers names a cluster.
+func (k *kafkaFlags) optionalBrokersConfig() (kafka.ClientConfig, error) {
+	cfg := k.config()
+	if len(cfg.Brokers) == 0 {
+		return cfg, nil
+	}
+	return cfg, k.check()
 }
 
 // ping checks that a broker answers, with an error that says what to do.

@@ -25,10 +25,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // runCLI runs `outbox args...` against db's schema and returns the exit
@@ -66,18 +68,18 @@ func count(t *testing.T, db *pgtest.DB, where string) int64 {
 
 // startRelay runs a relayer with the relay command's operations wiring,
 // configured by relay flags, until the test ends.
-func startRelay(t *testing.T, db *pgtest.DB, broker *kafka.DevBroker, mod func(*relay.Config), flags ...string) *relayOps {
+func startRelay(t *testing.T, db *pgtest.DB, broker *devkafka.Broker, mod func(*relay.Config), flags ...string) *relayOps {
 	t.Helper()
 	var o relayOps
 	fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
 	o.register(fs)
 	require.NoError(t, fs.Parse(flags))
 
-	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}})
+	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}})
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	cfg := relay.Config{
-		Pool: db.Pool, Publisher: kafka.NewPublisher(client, kafka.PublisherConfig{}), Tables: db.Tables,
+		Pool: db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables,
 		PollInterval: 50 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 		Logger: testLogger(t),
 	}
@@ -124,7 +126,7 @@ func get(t *testing.T, url string) (int, string) {
 func TestWatchdogNamesPoisonRow(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 8})
-	broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 3})
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 3})
 	require.NoError(t, err)
 	t.Cleanup(broker.Close)
 

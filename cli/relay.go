@@ -12,13 +12,14 @@ import (
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 func newRelayCmd(g *globals) *cobra.Command {
 	var (
 		kf      kafkaFlags
 		cfg     relay.Config
-		pcfg    kafka.PublisherConfig
+		pcfg    kafkapub.PublisherConfig
 		deliver time.Duration
 		rops    relayOps // metrics, health, watchdog, cleanup: relayops.go
 	)
@@ -64,7 +65,7 @@ exit 0. Database and broker outages are retried with backoff.`,
 				return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
 			}
 			kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(deliver))
-			client, err := kafka.NewPublisherClient(kcfg)
+			client, err := kafkapub.NewPublisherClient(kcfg)
 			if err != nil {
 				return err
 			}
@@ -78,7 +79,7 @@ exit 0. Database and broker outages are retried with backoff.`,
 				return err
 			}
 			cfg.Pool = pool
-			cfg.Publisher = kafka.NewPublisher(client, pcfg)
+			cfg.Publisher = kafkapub.NewPublisher(client, pcfg)
 			cfg.Tables = t
 			cfg.Logger = log
 			if err := rops.instrument(&cfg, client); err != nil {

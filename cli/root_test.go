@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/cli"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/kafka"
 )
 
 // outbox runs the CLI in-process and returns exit code, stdout, stderr.
@@ -54,6 +54,11 @@ func TestBadInputGivesOneLineErrorAndNonZeroExit(t *testing.T) {
 		{"down without yes", []string{"migrate", "down", "--to", "0"}, "add --yes"},
 		{"bad log level", []string{"relay", "--log-level", "loud", "--brokers", "127.0.0.1:1"}, "--log-level"},
 		{"dev broker busy port", []string{"dev-kafka", "--listen", "256.0.0.1:9092"}, "dev broker"},
+		{"dev broker busy port names the flag", []string{"dev-kafka", "--listen", "256.0.0.1:9092"}, "pick another --listen port"},
+		{"dev broker negative partitions", []string{"dev-kafka", "--partitions", "-1"}, "--partitions -1: use a positive number"},
+		// The library's errors name ClientConfig fields; the CLI names its flags.
+		{"tls cert without key", []string{"relay", "--brokers", "127.0.0.1:1", "--tls-cert", "/x.pem"}, "needs both --tls-cert and --tls-key"},
+		{"sasl without user", []string{"relay", "--brokers", "127.0.0.1:1", "--sasl-mechanism", "PLAIN", "--sasl-user", ""}, "needs a user (--sasl-user or KAFKA_SASL_USER)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -108,7 +113,7 @@ func TestMigrateUpTwiceAndStatus(t *testing.T) {
 func TestRelayCommandPublishesAndStopsCleanly(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{})
+	b, err := devkafka.Start(devkafka.Config{})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	_, err = db.Pool.Exec(context.Background(), "INSERT INTO "+db.Tables.OutboxIdent()+" (aggregate_id, type, payload) SELECT gen_random_uuid(), 'order.placed', '{}' FROM generate_series(1, 100)")

@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/kafka"
 )
@@ -223,7 +224,7 @@ func TestConsumerRoutesEvents(t *testing.T) {
 	require.NoError(t, err)
 	agg := uuid.MustParse("0b6f9f0e-5a64-4e39-9d0e-6b8a6f7b1c2d")
 	produce(t, b.producer(t),
-		event("order", 1, 1, "order.placed", `{"order_id":"o-1","total":1250,"extra":true}`, kafka.HeaderEventSource, "shop-eu", "traceparent", "00-abc"),
+		event("order", 1, 1, "order.placed", `{"order_id":"o-1","total":1250,"extra":true}`, outbox.HeaderEventSource, "shop-eu", "traceparent", "00-abc"),
 		event("invoice", 0, 2, "invoice.sent", `{"n":2}`),
 	)
 	run(t, c)
@@ -259,10 +260,10 @@ func TestConsumerSourceDimension(t *testing.T) {
 	c, err := consumer.New(b.config(map[string]consumer.Handler{"item.ok": record}))
 	require.NoError(t, err)
 	produce(t, b.producer(t),
-		event("t", 0, 5, "item.ok", `{}`, kafka.HeaderEventSource, "db-a"),
-		event("t", 1, 5, "item.ok", `{}`, kafka.HeaderEventSource, "db-b"),
+		event("t", 0, 5, "item.ok", `{}`, outbox.HeaderEventSource, "db-a"),
+		event("t", 1, 5, "item.ok", `{}`, outbox.HeaderEventSource, "db-b"),
 		event("t", 2, 5, "item.ok", `{}`),
-		event("t", 0, 5, "item.ok", `{}`, kafka.HeaderEventSource, "db-a"),
+		event("t", 0, 5, "item.ok", `{}`, outbox.HeaderEventSource, "db-a"),
 		event("t", 2, 5, "item.ok", `{}`),
 	)
 	run(t, c)

@@ -39,7 +39,7 @@
 // consumer that reads both must not take the second 42 for a duplicate of
 // the first. The dedupe key is therefore (consumer, source, event_id):
 // run each outbox's relayer with its own source name (relay --source,
-// kafka.PublisherConfig.Source), which it stamps on every record as the
+// kafkapub.PublisherConfig.Source), which it stamps on every record as the
 // event_source header, and the consumer makes it part of the key. Records
 // without the header have source "", which is correct as long as they all
 // come from one outbox. Give the sources before the second producer

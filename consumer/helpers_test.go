@@ -12,7 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
@@ -20,7 +22,7 @@ import (
 
 type bundle struct {
 	db     *pgtest.DB
-	broker *kafka.DevBroker
+	broker *devkafka.Broker
 }
 
 // setup gives a test its own schema, with an effects table handlers write
@@ -31,7 +33,7 @@ func setup(t *testing.T) *bundle {
 	_, err := db.Pool.Exec(context.Background(),
 		`CREATE TABLE effects (source TEXT NOT NULL, event_id BIGINT NOT NULL, type TEXT NOT NULL, n INT NOT NULL DEFAULT 1, PRIMARY KEY (source, event_id))`)
 	require.NoError(t, err)
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 3, Opts: []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 3, Opts: []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	return &bundle{db: db, broker: b}
@@ -144,9 +146,9 @@ func produce(t *testing.T, cl *kgo.Client, recs ...*kgo.Record) {
 func event(topic string, partition int32, id int64, typ, payload string, extra ...string) *kgo.Record {
 	r := &kgo.Record{Topic: topic, Partition: partition, Key: []byte("0b6f9f0e-5a64-4e39-9d0e-6b8a6f7b1c2d"), Value: []byte(payload)}
 	r.Headers = append(r.Headers,
-		kgo.RecordHeader{Key: kafka.HeaderEventID, Value: []byte(strconv.FormatInt(id, 10))},
-		kgo.RecordHeader{Key: kafka.HeaderEventType, Value: []byte(typ)},
-		kgo.RecordHeader{Key: kafka.HeaderContentType, Value: []byte("application/json")},
+		kgo.RecordHeader{Key: outbox.HeaderEventID, Value: []byte(strconv.FormatInt(id, 10))},
+		kgo.RecordHeader{Key: outbox.HeaderEventType, Value: []byte(typ)},
+		kgo.RecordHeader{Key: outbox.HeaderContentType, Value: []byte("application/json")},
 	)
 	for i := 0; i+1 < len(extra); i += 2 {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: extra[i], Value: []byte(extra[i+1])})

@@ -17,10 +17,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/testlog"
-	"github.com/pgoutbox/outbox/kafka"
 )
 
 // Input errors never stall a partition: they are dead-lettered, and only
@@ -54,7 +55,7 @@ func TestConsumerDeadLettersSourceNotUTF8(t *testing.T) {
 	c, err := consumer.New(b.config(map[string]consumer.Handler{"item.ok": seen.handler}))
 	require.NoError(t, err)
 
-	bad := event("t", 0, 99002, "item.ok", `{}`, kafka.HeaderEventSource, "bad\xffsrc")
+	bad := event("t", 0, 99002, "item.ok", `{}`, outbox.HeaderEventSource, "bad\xffsrc")
 	recs := []*kgo.Record{bad}
 	for id := int64(1); id <= 30; id++ {
 		recs = append(recs, event("t", int32(id%3), id, "item.ok", `{}`))
@@ -72,7 +73,7 @@ func TestConsumerDeadLettersSourceNotUTF8(t *testing.T) {
 	require.Len(t, dlq, 1)
 	h := headers(dlq[0])
 	require.Contains(t, h[consumer.HeaderDLQError], `event_source header "bad\xffsrc" is not valid UTF-8`)
-	require.Equal(t, "bad\xffsrc", h[kafka.HeaderEventSource], "the original headers are kept byte for byte")
+	require.Equal(t, "bad\xffsrc", h[outbox.HeaderEventSource], "the original headers are kept byte for byte")
 	require.Equal(t, "0", h[consumer.HeaderDLQAttempts])
 	require.Equal(t, "0", h[consumer.HeaderDLQOriginalOffset])
 	require.Eventually(t, func() bool { return c.Stats().Processed == 30 }, 5*time.Second, 10*time.Millisecond)
@@ -93,7 +94,7 @@ func TestConsumerDeadLettersBadEncodings(t *testing.T) {
 	require.NoError(t, err)
 
 	recs := []*kgo.Record{
-		event("t", 0, 1, "item.ok", `{}`, kafka.HeaderEventSource, "a\x00b"),
+		event("t", 0, 1, "item.ok", `{}`, outbox.HeaderEventSource, "a\x00b"),
 		event("t", 0, 2, "item.\xc3", `{}`),
 		event("t", 0, 3, "item\x00ok", `{}`),
 		event("t", 0, 4, "item.ok", "\xff\xfe{not json"),
@@ -134,7 +135,7 @@ func TestConsumerDeadLettersSourceTheTableRefuses(t *testing.T) {
 
 	long := randomText(t, 4000) // incompressible: Postgres cannot shrink it under the index row limit
 	recs := []*kgo.Record{event("t", 0, 1, "item.ok", `{}`)}
-	recs = append(recs, event("t", 0, 2, "item.ok", `{}`, kafka.HeaderEventSource, long))
+	recs = append(recs, event("t", 0, 2, "item.ok", `{}`, outbox.HeaderEventSource, long))
 	for id := int64(3); id <= 12; id++ {
 		recs = append(recs, event("t", int32(id%3), id, "item.ok", `{}`))
 	}
@@ -182,7 +183,7 @@ func setupLimited(t *testing.T, maxBytes int) *bundle {
 	_, err := db.Pool.Exec(context.Background(),
 		`CREATE TABLE effects (source TEXT NOT NULL, event_id BIGINT NOT NULL, type TEXT NOT NULL, n INT NOT NULL DEFAULT 1, PRIMARY KEY (source, event_id))`)
 	require.NoError(t, err)
-	br, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 3, Opts: []kfake.Opt{
+	br, err := devkafka.Start(devkafka.Config{Partitions: 3, Opts: []kfake.Opt{
 		kfake.GroupMinSessionTimeout(100 * time.Millisecond),
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(maxBytes)}),
 	}})
@@ -280,7 +281,7 @@ func TestConsumerDeadLetterTooLargeWritesPointer(t *testing.T) {
 	h := headers(ptr)
 	require.Equal(t, strconv.Itoa(valueLen), h[consumer.HeaderDLQValueDropped])
 	require.NotContains(t, h, consumer.HeaderDLQHeadersDropped)
-	require.Equal(t, "1", h[kafka.HeaderEventID], "the original headers are kept")
+	require.Equal(t, "1", h[outbox.HeaderEventID], "the original headers are kept")
 	require.Contains(t, h[consumer.HeaderDLQError], reason)
 	require.Equal(t, "test", h[consumer.HeaderDLQConsumer])
 	require.Equal(t, "t", h[consumer.HeaderDLQOriginalTopic])

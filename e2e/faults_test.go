@@ -12,8 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -35,7 +35,7 @@ func TestRelayerSurvivesTenSIGKILLs(t *testing.T) {
 	}
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 12})
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 6})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 
@@ -126,7 +126,7 @@ func TestRelayerReconnectsAfterTerminatedConnections(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t)
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 3})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 3})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	app := fmt.Sprintf("outbox_e2e_%d", rand.Int64()) // under 64 bytes, or the server truncates it

@@ -1,7 +1,3 @@
-// Package kafka connects outbox to Kafka with franz-go: a relay.Publisher,
-// the client options shared by the relayer and the consumer (TLS, SASL),
-// and an embedded Kafka-wire-compatible dev broker (franz-go's kfake) for
-// development, demos and tests.
 package kafka
 
 import (
@@ -44,7 +40,7 @@ type ClientConfig struct {
 // Options turns the configuration into franz-go client options.
 func (c ClientConfig) Options() ([]kgo.Opt, error) {
 	if len(c.Brokers) == 0 {
-		return nil, errors.New("kafka: no brokers; pass --brokers host:port (or set KAFKA_BROKERS)")
+		return nil, errors.New("kafka: no brokers; set ClientConfig.Brokers to at least one seed broker, host:port")
 	}
 	for _, b := range c.Brokers {
 		if !strings.Contains(b, ":") {
@@ -95,7 +91,7 @@ func (c ClientConfig) tlsConfig() (*tls.Config, error) {
 	}
 	if c.CertFile != "" || c.KeyFile != "" {
 		if c.CertFile == "" || c.KeyFile == "" {
-			return nil, errors.New("kafka: a TLS client certificate needs both --tls-cert and --tls-key")
+			return nil, errors.New("kafka: a TLS client certificate needs both ClientConfig.CertFile and ClientConfig.KeyFile; set both, or neither")
 		}
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
@@ -108,7 +104,7 @@ func (c ClientConfig) tlsConfig() (*tls.Config, error) {
 
 func (c ClientConfig) saslMechanism() (sasl.Mechanism, error) {
 	if c.SASLUser == "" {
-		return nil, fmt.Errorf("kafka: SASL %s needs a user (--sasl-user) and password (--sasl-password or KAFKA_SASL_PASSWORD)", c.SASLMechanism)
+		return nil, fmt.Errorf("kafka: SASL %s needs a user and password; set ClientConfig.SASLUser and ClientConfig.SASLPassword", c.SASLMechanism)
 	}
 	switch strings.ToUpper(c.SASLMechanism) {
 	case "PLAIN":

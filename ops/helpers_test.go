@@ -18,23 +18,25 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 type bundle struct {
 	db       *pgtest.DB
-	broker   *kafka.DevBroker
+	broker   *devkafka.Broker
 	producer *outbox.Producer
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 12})
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 3})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 3})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
@@ -45,7 +47,7 @@ func setup(t *testing.T) *bundle {
 // client is a publishing client on the bundle's broker.
 func (b *bundle) client(t *testing.T) *kgo.Client {
 	t.Helper()
-	cl, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
+	cl, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
 		Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
 	require.NoError(t, err)
 	t.Cleanup(cl.Close)
@@ -56,7 +58,7 @@ func (b *bundle) client(t *testing.T) *kgo.Client {
 func (b *bundle) relayConfig(t *testing.T, cl *kgo.Client) relay.Config {
 	return relay.Config{
 		Pool:         b.db.Pool,
-		Publisher:    kafka.NewPublisher(cl, kafka.PublisherConfig{}),
+		Publisher:    kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{}),
 		Tables:       b.db.Tables,
 		PollInterval: 50 * time.Millisecond,
 		BackoffMin:   10 * time.Millisecond,

@@ -10,9 +10,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // ackAll is a publisher that acknowledges every message at once: with it a
@@ -124,15 +126,15 @@ func (p slowPublisher) Publish(ctx context.Context, msgs []relay.Message) []erro
 // devBroker starts a kfake broker for the benchmark and returns a
 // publisher to it.
 func devBroker(b *testing.B) relay.Publisher {
-	broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{})
+	broker, err := devkafka.Start(devkafka.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(broker.Close)
-	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(10 * time.Second)}})
+	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(10 * time.Second)}})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(client.Close)
-	return kafka.NewPublisher(client, kafka.PublisherConfig{})
+	return kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
 }

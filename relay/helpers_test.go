@@ -19,23 +19,25 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 type bundle struct {
 	db       *pgtest.DB
-	broker   *kafka.DevBroker
+	broker   *devkafka.Broker
 	producer *outbox.Producer
 }
 
 func setup(t *testing.T, brokerOpts ...kfake.Opt) *bundle {
 	t.Helper()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 16})
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 6, Opts: brokerOpts})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 6, Opts: brokerOpts})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
@@ -65,13 +67,13 @@ func (b *bundle) relayer(t *testing.T, mod func(*relay.Config)) *relay.Relayer {
 
 // publisher builds a Kafka publisher on the bundle's broker; opts go to its
 // client after the test defaults.
-func (b *bundle) publisher(t *testing.T, opts ...kgo.Opt) *kafka.Publisher {
+func (b *bundle) publisher(t *testing.T, opts ...kgo.Opt) *kafkapub.Publisher {
 	t.Helper()
-	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
+	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
 		Opts: append([]kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}, opts...)})
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
-	return kafka.NewPublisher(client, kafka.PublisherConfig{})
+	return kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
 }
 
 // holds reads the failures table: the rows relayers held, in id order.

@@ -167,7 +167,7 @@ func TestKcatReadsRelayedEvents(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, details.Error())
 	partitions := len(details["order"].Partitions)
-	require.Equal(t, 6, partitions, "the dev broker creates topics with DevBrokerConfig.Partitions (6 in setup)")
+	require.Equal(t, 6, partitions, "the dev broker creates topics with devkafka.Config.Partitions (6 in setup)")
 	resp, err := adm.CreateTopic(ctx, int32(partitions), 1, nil, "order_keys")
 	require.NoError(t, err)
 	require.NoError(t, resp.Err)

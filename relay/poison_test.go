@@ -21,6 +21,7 @@ import (
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // limitBroker is a broker whose message.max.bytes is 100,000, as in the
@@ -93,7 +94,7 @@ func TestOversizedRowHoldsOnlyItself(t *testing.T) {
 				}
 			}
 			for range 2 {
-				pub := kafka.NewPublisher(b.client(t), kafka.PublisherConfig{MaxMessageBytes: tc.override})
+				pub := kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{MaxMessageBytes: tc.override})
 				run(t, b.relayer(t, func(c *relay.Config) { c.Publisher = pub; c.HoldOut = 200 * time.Millisecond; c.BatchSize = 500 }))
 			}
 			want := append([]int64{big}, behind...)
@@ -122,7 +123,7 @@ func TestOversizedRowHoldsOnlyItself(t *testing.T) {
 // client builds a publisher client on the bundle's broker.
 func (b *bundle) client(t *testing.T) *kgo.Client {
 	t.Helper()
-	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
+	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
 		Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
@@ -147,13 +148,13 @@ func TestRecordsThatFitAloneButNotTogether(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, limitBroker())
-			pub := kafka.NewPublisher(b.client(t), kafka.PublisherConfig{})
+			pub := kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{})
 			if tc.plain {
 				cl, err := kgo.NewClient(append(kafka.ProducerOptions(), kgo.SeedBrokers(b.broker.Addr()), kgo.ManualFlushing(),
 					kgo.RecordDeliveryTimeout(5*time.Second))...)
 				require.NoError(t, err)
 				t.Cleanup(cl.Close)
-				pub = kafka.NewPublisher(cl, kafka.PublisherConfig{})
+				pub = kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{})
 			}
 			aggs := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
 			committed := map[int64]uuid.UUID{}
@@ -260,7 +261,7 @@ func TestFailureRecordedAgainstTheAggregatesFirstRow(t *testing.T) {
 	}
 	// And a broker-side refusal of a whole request: the publisher is told
 	// the limit is 1 MB, so it sends and the broker refuses.
-	pub := kafka.NewPublisher(b.client(t), kafka.PublisherConfig{MaxMessageBytes: 1 << 20})
+	pub := kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{MaxMessageBytes: 1 << 20})
 	other := uuid.New()
 	var otherIDs []int64
 	for range 3 {

@@ -2,9 +2,11 @@
 // rows with FOR UPDATE SKIP LOCKED, publishes them, and marks dispatched
 // only what the broker acknowledged, in the same transaction. Any number of
 // relayers can run against one table; events of one aggregate still reach
-// the broker in commit order. Delivery is at-least-once.
+// the broker in commit order. Delivery is at-least-once. The Kafka
+// publisher is package relay/kafkapub.
 //
-//	pub := kafka.NewPublisher(client, kafka.PublisherConfig{})
+//	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
+//	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
 //	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub})
 //	err = r.Run(ctx) // until ctx is cancelled
 package relay
@@ -186,7 +188,7 @@ func New(cfg Config) (*Relayer, error) {
 		return nil, errors.New("relay: Config.Pool is nil; pass a *pgxpool.Pool connected to the outbox database")
 	}
 	if cfg.Publisher == nil {
-		return nil, errors.New("relay: Config.Publisher is nil; pass a publisher, e.g. kafka.NewPublisher")
+		return nil, errors.New("relay: Config.Publisher is nil; pass a publisher, e.g. kafkapub.NewPublisher")
 	}
 	if err := cfg.Tables.Validate(); err != nil {
 		return nil, err

@@ -40,7 +40,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/devkafka"
 )
 
 const (
@@ -98,7 +98,7 @@ func run() error {
 
 	addrs := splitBrokers(*brokers)
 	if len(addrs) == 0 {
-		b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 6})
+		b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 		if err != nil {
 			return err
 		}

@@ -14,15 +14,17 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/examples/orders"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 type bundle struct {
 	db       *pgtest.DB
-	broker   *kafka.DevBroker
+	broker   *devkafka.Broker
 	producer *outbox.Producer
 }
 
@@ -39,7 +41,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 12})
 	require.NoError(t, orders.Migrate(context.Background(), db.Pool))
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 4, Opts: []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 4, Opts: []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	return &bundle{db: db, broker: b, producer: setupProducer(t, db)}
@@ -102,13 +104,13 @@ func (b *bundle) placeOrders(t *testing.T, n int) []int64 {
 // relayer runs the real relayer on the bundle until the test ends.
 func (b *bundle) relayer(t *testing.T) *relay.Relayer {
 	t.Helper()
-	client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
+	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
 		Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	r, err := relay.New(relay.Config{
 		Pool:         b.db.Pool,
-		Publisher:    kafka.NewPublisher(client, kafka.PublisherConfig{}),
+		Publisher:    kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
 		Tables:       b.db.Tables,
 		PollInterval: 20 * time.Millisecond,
 		BackoffMin:   10 * time.Millisecond,

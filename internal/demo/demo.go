@@ -30,12 +30,14 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/examples/orders"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/tmppg"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // Config configures a run. The zero value is a sensible demo.
@@ -164,7 +166,7 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	// Kafka: the configured cluster, else an in-process dev broker.
 	kcfg := cfg.Brokers
 	if len(kcfg.Brokers) == 0 {
-		b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 6})
+		b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 		if err != nil {
 			return rep, err
 		}
@@ -202,13 +204,13 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 	g, gctx := errgroup.WithContext(runCtx)
 	var relayers []*relay.Relayer
 	for i := range 2 {
-		client, err := kafka.NewPublisherClient(kcfg)
+		client, err := kafkapub.NewPublisherClient(kcfg)
 		if err != nil {
 			return rep, err
 		}
 		defer client.Close()
 		r, err := relay.New(relay.Config{
-			Pool: pool, Publisher: kafka.NewPublisher(client, kafka.PublisherConfig{Source: schema}),
+			Pool: pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}),
 			Tables: tables, TopicPrefix: prefix, PollInterval: 200 * time.Millisecond,
 			Logger: cfg.Logger.With("relayer", i+1),
 			OnBatch: func(b relay.BatchResult) {

@@ -1,4 +1,13 @@
-package kafka
+// Package devkafka is an embedded, Kafka-wire-compatible, single-node
+// broker (franz-go's kfake) for development, demos and tests: `outbox
+// dev-kafka` and `outbox demo` run it, and the tests publish to it. It is a
+// package of its own, as kfake is in franz-go, so that nothing the relayer
+// or a consumer imports links a fake broker.
+//
+//	b, err := devkafka.Start(devkafka.Config{})
+//	defer b.Close()
+//	cfg := kafka.ClientConfig{Brokers: []string{b.Addr()}}
+package devkafka
 
 import (
 	"errors"
@@ -7,10 +16,12 @@ import (
 	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/pgoutbox/outbox/kafka"
 )
 
-// DevBrokerConfig configures an embedded dev broker.
-type DevBrokerConfig struct {
+// Config configures a dev broker.
+type Config struct {
 	// Listen is host:port. Port 0 picks a free port. Defaults to
 	// "127.0.0.1:0".
 	Listen string
@@ -26,41 +37,41 @@ type DevBrokerConfig struct {
 	Opts []kfake.Opt
 }
 
-// DevBroker is an in-process, Kafka-wire-compatible, single-node broker
+// Broker is an in-process, Kafka-wire-compatible, single-node broker
 // (franz-go's kfake) with topic auto-creation. It is for development,
 // demos and tests; it does not replicate and keeps data in memory unless
 // given a DataDir. Any Kafka client (kcat, librdkafka, the Java client) can
 // talk to it over TCP.
-type DevBroker struct {
+type Broker struct {
 	*kfake.Cluster
 }
 
-// StartDevBroker starts the broker and returns once it is listening.
-func StartDevBroker(cfg DevBrokerConfig) (*DevBroker, error) {
+// Start starts the broker and returns once it is listening.
+func Start(cfg Config) (*Broker, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 	}
 	host, portStr, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: dev broker address %q: %w; write it as host:port, e.g. 127.0.0.1:9092", cfg.Listen, err)
+		return nil, fmt.Errorf("devkafka: listen address %q: %w; write it as host:port, e.g. 127.0.0.1:9092", cfg.Listen, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 0 || port > 65535 {
-		return nil, fmt.Errorf("kafka: dev broker port %q is not a port number", portStr)
+		return nil, fmt.Errorf("devkafka: listen port %q is not a port number", portStr)
 	}
 	if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
 		// The broker advertises the address it listens on; 0.0.0.0 is not
 		// an address a client can connect to.
-		return nil, fmt.Errorf("kafka: dev broker must listen on a concrete address clients can reach (e.g. 127.0.0.1:%d), not %q", port, cfg.Listen)
+		return nil, fmt.Errorf("devkafka: the broker must listen on a concrete address clients can reach (e.g. 127.0.0.1:%d), not %q", port, cfg.Listen)
 	}
 	if cfg.Partitions == 0 {
 		cfg.Partitions = 6
 	}
 	if cfg.Partitions < 0 {
-		return nil, fmt.Errorf("kafka: dev broker partitions is %d; use a positive number", cfg.Partitions)
+		return nil, fmt.Errorf("devkafka: Config.Partitions is %d; use a positive number", cfg.Partitions)
 	}
 	if cfg.MaxMessageBytes < 0 {
-		return nil, fmt.Errorf("kafka: dev broker max message bytes is %d; use a positive size, or 0 for the default %d", cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+		return nil, fmt.Errorf("devkafka: Config.MaxMessageBytes is %d; use a positive size, or 0 for the default %d", cfg.MaxMessageBytes, kafka.DefaultMaxMessageBytes)
 	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
@@ -82,12 +93,12 @@ func StartDevBroker(cfg DevBrokerConfig) (*DevBroker, error) {
 	if err != nil {
 		var opErr *net.OpError
 		if errors.As(err, &opErr) {
-			return nil, fmt.Errorf("kafka: dev broker cannot listen on %s: %w (is another broker running there? pick another --listen port)", cfg.Listen, err)
+			return nil, fmt.Errorf("devkafka: cannot listen on %s: %w (is another broker running there? set Config.Listen to another port)", cfg.Listen, err)
 		}
-		return nil, fmt.Errorf("kafka: start dev broker: %w", err)
+		return nil, fmt.Errorf("devkafka: start broker: %w", err)
 	}
-	return &DevBroker{Cluster: c}, nil
+	return &Broker{Cluster: c}, nil
 }
 
 // Addr is the broker's host:port.
-func (b *DevBroker) Addr() string { return b.ListenAddrs()[0] }
+func (b *Broker) Addr() string { return b.ListenAddrs()[0] }

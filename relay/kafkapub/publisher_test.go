@@ -1,4 +1,4 @@
-package kafka_test
+package kafkapub_test
 
 import (
 	"context"
@@ -16,8 +16,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // msg builds a message with a random (incompressible) payload of n bytes.
@@ -28,9 +30,9 @@ func msg(id int64, agg uuid.UUID, topic string, n int) relay.Message {
 		Payload: []byte(`"` + hex.EncodeToString(raw)[:n] + `"`)}
 }
 
-func publisher(t *testing.T, brokerMax, override int, plain bool) (*kafka.Publisher, *kafka.DevBroker) {
+func publisher(t *testing.T, brokerMax, override int, plain bool) (*kafkapub.Publisher, *devkafka.Broker) {
 	t.Helper()
-	b, err := kafka.StartDevBroker(kafka.DevBrokerConfig{Partitions: 1, MaxMessageBytes: brokerMax})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 1, MaxMessageBytes: brokerMax})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	cfg := kafka.ClientConfig{Brokers: []string{b.Addr()}, Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}}
@@ -41,11 +43,11 @@ func publisher(t *testing.T, brokerMax, override int, plain bool) (*kafka.Publis
 		cl, err = kgo.NewClient(append(append(kafka.ProducerOptions(), kgo.ManualFlushing()), opts...)...)
 		require.NoError(t, err)
 	} else {
-		cl, err = kafka.NewPublisherClient(cfg)
+		cl, err = kafkapub.NewPublisherClient(cfg)
 		require.NoError(t, err)
 	}
 	t.Cleanup(cl.Close)
-	return kafka.NewPublisher(cl, kafka.PublisherConfig{MaxMessageBytes: override}), b
+	return kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{MaxMessageBytes: override}), b
 }
 
 // One oversized record among healthy ones, all in one partition: only the
@@ -98,8 +100,8 @@ func TestPublishBlamesOnlyTheCulprit(t *testing.T) {
 }
 
 // The limit comes from the topic's own max.message.bytes when it sets one,
-// else from the broker's message.max.bytes; --max-message-bytes overrides
-// both. The error says which and what to do.
+// else from the broker's message.max.bytes; PublisherConfig.MaxMessageBytes
+// overrides both. The error says which and what to do.
 func TestPublishLearnsTopicLimits(t *testing.T) {
 	t.Parallel()
 	pub, b := publisher(t, 50_000, 0, false)
@@ -118,4 +120,14 @@ func TestPublishLearnsTopicLimits(t *testing.T) {
 
 	size := outbox.RecordSize(3, "big.x", 60_002, nil, "")
 	require.ErrorContains(t, errs[2], "the record is "+strconv.Itoa(size)+" bytes")
+}
+
+// With PublisherConfig.MaxMessageBytes the error names that setting, not a
+// flag of the CLI: the library does not know how it was configured.
+func TestPublishOverrideNamesTheSetting(t *testing.T) {
+	t.Parallel()
+	pub, _ := publisher(t, 50_000, 10_000, false)
+	errs := pub.Publish(context.Background(), []relay.Message{msg(1, uuid.New(), "t", 12_000)})
+	require.ErrorContains(t, errs[0], "accepts at most 10000 (PublisherConfig.MaxMessageBytes)")
+	require.NotContains(t, errs[0].Error(), "--")
 }

@@ -1,4 +1,4 @@
-package kafka
+package kafkapub
 
 import (
 	"context"
@@ -11,11 +11,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/pgoutbox/outbox/kafka"
 )
 
 // Limit sources, as error messages name them.
 const (
-	limitFromOverride = "the relay's --max-message-bytes"
+	limitFromOverride = "PublisherConfig.MaxMessageBytes"
 	limitFromTopic    = "the topic's max.message.bytes"
 	limitFromBroker   = "the broker's message.max.bytes"
 	limitFromDefault  = "Kafka's default message.max.bytes; the broker's own could not be read"
@@ -144,7 +146,7 @@ func (l *topicLimits) brokerLimit(ctx context.Context) topicLimit {
 	if b.bytes > 0 && time.Since(b.at) < b.ttl {
 		return b
 	}
-	b = topicLimit{bytes: DefaultMaxMessageBytes, from: limitFromDefault, at: time.Now(), ttl: limitRetryTTL}
+	b = topicLimit{bytes: kafka.DefaultMaxMessageBytes, from: limitFromDefault, at: time.Now(), ttl: limitRetryTTL}
 	if rcs, err := l.adm.DescribeBrokerConfigs(ctx); err == nil {
 	found:
 		for _, rc := range rcs {
@@ -169,7 +171,7 @@ func (l *topicLimits) brokerLimit(ctx context.Context) topicLimit {
 // topic's limit once a Publisher learnt it, which it does before the first
 // record for the topic is produced, else Kafka's default.
 func (l *topicLimits) batchMaxBytes(topic string) int32 {
-	n := DefaultMaxMessageBytes
+	n := kafka.DefaultMaxMessageBytes
 	l.mu.Lock()
 	if l.override > 0 {
 		n = l.override

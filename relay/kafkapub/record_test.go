@@ -1,4 +1,4 @@
-package kafka_test
+package kafkapub_test
 
 import (
 	"testing"
@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // A message's own headers never shadow the relayer's: Record drops a user
@@ -19,7 +19,7 @@ import (
 func TestRecordReservedHeadersComeOnceAndFirst(t *testing.T) {
 	t.Parallel()
 	agg := uuid.New()
-	r := kafka.Record(relay.Message{
+	r := kafkapub.Record(relay.Message{
 		ID:          42,
 		AggregateID: agg,
 		Type:        "order.placed",
@@ -53,7 +53,7 @@ func TestRecordReservedHeadersComeOnceAndFirst(t *testing.T) {
 
 	// Without a source the relayer stamps none, and a user event_source is
 	// still dropped: it would otherwise become the dedupe key's source.
-	r = kafka.Record(relay.Message{ID: 7, AggregateID: agg, Type: "order.placed", Topic: "order", Payload: []byte(`{}`),
+	r = kafkapub.Record(relay.Message{ID: 7, AggregateID: agg, Type: "order.placed", Topic: "order", Payload: []byte(`{}`),
 		Headers: map[string]string{outbox.HeaderEventSource: "x"}}, "")
 	for _, h := range r.Headers {
 		require.NotEqual(t, outbox.HeaderEventSource, h.Key)

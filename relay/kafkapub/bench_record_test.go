@@ -1,4 +1,4 @@
-package kafka_test
+package kafkapub_test
 
 import (
 	"context"
@@ -9,8 +9,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // benchMessages are n outbox messages over 1,000 aggregates with ~200-byte
@@ -39,7 +41,7 @@ func BenchmarkRecord(b *testing.B) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		_ = kafka.Record(msgs[i%len(msgs)], "orders-db")
+		_ = kafkapub.Record(msgs[i%len(msgs)], "orders-db")
 		i++
 	}
 }
@@ -58,17 +60,17 @@ func BenchmarkPublish(b *testing.B) {
 		{"linger-1ms", []kgo.Opt{kgo.ProducerLinger(time.Millisecond)}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			broker, err := kafka.StartDevBroker(kafka.DevBrokerConfig{})
+			broker, err := devkafka.Start(devkafka.Config{})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer broker.Close()
-			client, err := kafka.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: bc.opts})
+			client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: bc.opts})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer client.Close()
-			pub := kafka.NewPublisher(client, kafka.PublisherConfig{})
+			pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
 			msgs := benchMessages(1000)
 			ctx := context.Background()
 			// The first batch creates the topic and the producer id.

@@ -1,4 +1,4 @@
-package kafka
+package kafkapub
 
 import (
 	"context"
@@ -7,60 +7,15 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
 )
-
-// Header names the relayer sets on every record: the wire contract, whose
-// home is the root package (outbox.HeaderEventID, ...).
-const (
-	HeaderEventID     = outbox.HeaderEventID
-	HeaderEventType   = outbox.HeaderEventType
-	HeaderContentType = outbox.HeaderContentType
-	HeaderEventSource = outbox.HeaderEventSource
-)
-
-// Defaults for producer options that matter to the relayer.
-const (
-	// DefaultDeliveryTimeout bounds how long a batch waits for the broker
-	// before the relayer rolls it back and backs off.
-	DefaultDeliveryTimeout = 30 * time.Second
-	// DefaultMaxMessageBytes is Kafka's default message.max.bytes.
-	DefaultMaxMessageBytes = 1048588
-)
-
-// ProducerOptions are the franz-go options the relayer's client needs:
-// idempotent writes (on by default in franz-go: retries keep per-partition
-// order), the murmur2 key partitioner Kafka's Java client uses, no linger
-// (the relayer hands over whole batches and waits), a bounded delivery
-// timeout so an outage surfaces as an error, a batch limit that matches
-// Kafka's default message.max.bytes, and a request for topic auto-creation
-// (what the Java producer asks for by default; the broker's
-// auto.create.topics.enable decides).
-func ProducerOptions() []kgo.Opt {
-	return []kgo.Opt{
-		kgo.AllowAutoTopicCreation(),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-		kgo.ProducerLinger(0),
-		kgo.RecordDeliveryTimeout(DefaultDeliveryTimeout),
-		// Without this, a record already written to a connection that then
-		// dies is never timed out (the client cannot know whether the broker
-		// stored it) and the batch waits for the broker to come back,
-		// holding its transaction open with no error to count or log. The
-		// relayer is at-least-once anyway: it rolls the batch back and sends
-		// it again, and a possible duplicate is what consumers dedupe.
-		kgo.AllowIdempotentProduceCancellation(),
-		kgo.ProducerBatchMaxBytes(DefaultMaxMessageBytes),
-		kgo.UnknownTopicRetries(3),
-		kgo.MaxBufferedRecords(100_000),
-	}
-}
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
@@ -110,15 +65,15 @@ func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
 }
 
 // NewPublisherClient builds a franz-go client for publishing from cfg:
-// ProducerOptions, manual flushing, and produce batches capped per topic
+// kafka.ProducerOptions, manual flushing, and produce batches capped per topic
 // at the limit a Publisher on it learns from the broker.
-func NewPublisherClient(cfg ClientConfig) (*kgo.Client, error) {
+func NewPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
 	opts, err := cfg.Options()
 	if err != nil {
 		return nil, err
 	}
 	lim := newTopicLimits()
-	opts = append(append(ProducerOptions(), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes)), opts...)
+	opts = append(append(kafka.ProducerOptions(), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes)), opts...)
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, err
@@ -135,12 +90,12 @@ func NewPublisherClient(cfg ClientConfig) (*kgo.Client, error) {
 func Record(m relay.Message, source string) *kgo.Record {
 	hdrs := make([]kgo.RecordHeader, 0, 4+len(m.Headers))
 	hdrs = append(hdrs,
-		kgo.RecordHeader{Key: HeaderEventID, Value: strconv.AppendInt(nil, m.ID, 10)},
-		kgo.RecordHeader{Key: HeaderEventType, Value: []byte(m.Type)},
-		kgo.RecordHeader{Key: HeaderContentType, Value: []byte(outbox.ContentTypeJSON)},
+		kgo.RecordHeader{Key: outbox.HeaderEventID, Value: strconv.AppendInt(nil, m.ID, 10)},
+		kgo.RecordHeader{Key: outbox.HeaderEventType, Value: []byte(m.Type)},
+		kgo.RecordHeader{Key: outbox.HeaderContentType, Value: []byte(outbox.ContentTypeJSON)},
 	)
 	if source != "" {
-		hdrs = append(hdrs, kgo.RecordHeader{Key: HeaderEventSource, Value: []byte(source)})
+		hdrs = append(hdrs, kgo.RecordHeader{Key: outbox.HeaderEventSource, Value: []byte(source)})
 	}
 	if len(m.Headers) > 0 {
 		keys := make([]string, 0, len(m.Headers))

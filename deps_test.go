@@ -1,0 +1,60 @@
+package outbox_test
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Imports point one way: a service that only emits or only consumes links
+// neither the relayer, nor the migrator, nor a fake broker, and nothing a
+// production binary runs links the dev broker. go list -deps is the
+// authority on what a package links, so ask it.
+func TestImportsPointOneWay(t *testing.T) {
+	t.Parallel()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the go tool is not on PATH (%v); CI must run this test", err)
+		}
+		t.Skipf("the go tool is not on PATH (%v); cannot list dependencies", err)
+	}
+	const (
+		mod      = "github.com/pgoutbox/outbox"
+		relay    = mod + "/relay"
+		migrate  = mod + "/migrate"
+		devkafka = mod + "/devkafka"
+		kfake    = "github.com/twmb/franz-go/pkg/kfake"
+	)
+	forbidden := map[string][]string{
+		".":                {relay, migrate, devkafka, kfake},
+		"./consumer":       {relay, migrate, devkafka, kfake},
+		"./kafka":          {mod, relay, migrate, devkafka, kfake},
+		"./relay":          {devkafka, kfake},
+		"./relay/kafkapub": {devkafka, kfake},
+		"./migrate":        {relay, devkafka, kfake},
+		"./ops":            {devkafka, kfake},
+	}
+	for pkg, bad := range forbidden {
+		out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}}", pkg).Output()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, ee.Stderr)
+		}
+		require.NoError(t, err, pkg)
+		deps := strings.Fields(string(out))
+		require.NotEmpty(t, deps, pkg)
+		self := deps[len(deps)-1] // -deps lists a package after its dependencies
+		for _, dep := range deps[:len(deps)-1] {
+			for _, b := range bad {
+				if dep == b || strings.HasPrefix(dep, b+"/") {
+					t.Errorf("%s imports %s (directly or not): it must not link %s", self, dep, b)
+				}
+			}
+		}
+	}
+}
