@@ -14,6 +14,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox/internal/lockkey"
+	"github.com/pgoutbox/outbox/internal/sqltext"
 )
 
 // DefaultMaxRecordBytes is Kafka's default message.max.bytes: the largest
@@ -78,8 +81,8 @@ type Producer struct {
 	cfg     Config
 	lockNS  int32
 	channel string
-	// The statements, indexed by whether they notify: one for a single
-	// event, one for a batch.
+	// The statements (sql.go), indexed by whether they notify: one for a
+	// single event, one for a batch.
 	oneSQL, batchSQL [2]string
 
 	epoch      time.Time
@@ -122,10 +125,12 @@ func NewProducer(cfg Config) (*Producer, error) {
 		channel: cfg.Tables.Channel(),
 		epoch:   time.Now(),
 	}
-	for i, notify := range []bool{false, true} {
-		p.oneSQL[i] = buildInsertOneSQL(cfg.Tables.OutboxIdent(), !cfg.DisableAggregateLock, notify)
-		p.batchSQL[i] = buildInsertSQL(cfg.Tables.OutboxIdent(), notify)
+	ids := idents(cfg.Tables)
+	p.oneSQL = [2]string{sqltext.Render(insertOneSQL, ids), sqltext.Render(insertOneNotifySQL, ids)}
+	if !cfg.DisableAggregateLock {
+		p.oneSQL = [2]string{sqltext.Render(insertOneLockSQL, ids), sqltext.Render(insertOneLockNotifySQL, ids)}
 	}
+	p.batchSQL = [2]string{sqltext.Render(insertBatchSQL, ids), sqltext.Render(insertBatchNotifySQL, ids)}
 	return p, nil
 }
 
@@ -145,72 +150,6 @@ func (p *Producer) notify() bool {
 
 // Config returns the producer's configuration with defaults applied.
 func (p *Producer) Config() Config { return p.cfg }
-
-// The insert is one statement so a batch costs one round trip:
-//
-//  1. the advisory locks, one per aggregate bucket, in ascending key order
-//     (so two batches cannot deadlock on each other), are taken in an
-//     InitPlan that runs before the first row is produced, hence before any
-//     id is drawn from the sequence: a second emitter on the same aggregate
-//     waits here until the first commits, and then draws a larger id. That
-//     makes id order equal commit order per aggregate;
-//  2. rows are inserted in input order (ORDER BY ord; volatile defaults such
-//     as nextval are evaluated after the sort), so ids ascend with the input;
-//  3. pg_notify is delivered at commit only, and Postgres folds identical
-//     notifications of one transaction into one.
-//
-// Parameters are arrays, which keeps the statement text fixed (one prepared
-// statement whatever the batch size) and works through database/sql drivers
-// that only send text. A single event takes buildInsertOneSQL's statement:
-// the same steps without the arrays (pgbench: a transaction with it runs at
-// 0.71-0.78x of the same transaction without, against 0.66-0.70x with the
-// array statement).
-func buildInsertSQL(table string, notify bool) string {
-	var b strings.Builder
-	b.WriteString(`WITH locked AS MATERIALIZED (
-  SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) WITH ORDINALITY AS l(k, n) ORDER BY n
-)`)
-	if notify {
-		b.WriteString(`, notified AS MATERIALIZED (SELECT pg_notify($7::text, ''))`)
-	}
-	b.WriteString("\nINSERT INTO ")
-	b.WriteString(table)
-	b.WriteString(` (aggregate_id, type, payload, headers)
-SELECT e.aggregate_id, e.type, e.payload::jsonb, NULLIF(e.headers, '')::jsonb
-FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, ord)
-WHERE (SELECT count(*) FROM locked) >= 0`)
-	if notify {
-		b.WriteString(` AND (SELECT count(*) FROM notified) >= 0`)
-	}
-	b.WriteString("\nORDER BY e.ord\nRETURNING id")
-	return b.String()
-}
-
-// buildInsertOneSQL is buildInsertSQL for one event. Parameters: $1
-// aggregate, $2 type, $3 payload, $4 headers ("" for none), then the lock's
-// namespace and key, then the notification channel, each when used.
-func buildInsertOneSQL(table string, lock, notify bool) string {
-	var pre []string
-	n := 4
-	if lock {
-		pre = append(pre, fmt.Sprintf("pg_advisory_xact_lock($%d::int4, $%d::int4)", n+1, n+2))
-		n += 2
-	}
-	if notify {
-		pre = append(pre, fmt.Sprintf("pg_notify($%d::text, '')", n+1))
-	}
-	var b strings.Builder
-	if len(pre) > 0 {
-		b.WriteString("WITH pre AS MATERIALIZED (SELECT " + strings.Join(pre, ", ") + ")\n")
-	}
-	b.WriteString("INSERT INTO " + table + ` (aggregate_id, type, payload, headers)
-SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb`)
-	if len(pre) > 0 {
-		b.WriteString(" FROM pre")
-	}
-	b.WriteString("\nRETURNING id")
-	return b.String()
-}
 
 // Emit writes one event into the outbox within tx and returns its id (the
 // event_id header consumers will see). The event exists iff tx commits, so
@@ -420,8 +359,7 @@ func (p *Producer) prepare(events []Event, text bool) (string, []any, error) {
 }
 
 func (p *Producer) lockKey(id uuid.UUID) int32 {
-	h := hash32(string(id[:]))
-	return int32(h % uint32(p.cfg.LockBuckets))
+	return lockkey.Bucket(id, p.cfg.LockBuckets)
 }
 
 // validate checks one event and returns its serialised payload and headers

@@ -2,10 +2,10 @@ package outbox
 
 import (
 	"fmt"
-	"hash/fnv"
 
 	"github.com/google/uuid"
 
+	"github.com/pgoutbox/outbox/internal/lockkey"
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
@@ -110,19 +110,14 @@ func (t Tables) ProcessedIdent() string {
 // on. It is derived from the table so two outboxes do not wake each other.
 func (t Tables) Channel() string {
 	t = t.WithDefaults()
-	return fmt.Sprintf("outbox_%08x", hash32(t.Schema+"."+t.Outbox))
+	return fmt.Sprintf("outbox_%08x", lockkey.Hash32(t.Schema+"."+t.Outbox))
 }
 
 // LockNamespace is the first key of the two-key advisory locks Emit takes,
 // fixed per outbox table so they cannot collide with an application's own
-// single-key advisory locks nor with another outbox's.
+// single-key advisory locks nor with another outbox's. Every advisory-lock
+// key is derived in internal/lockkey.
 func (t Tables) LockNamespace() int32 {
 	t = t.WithDefaults()
-	return int32(hash32("outbox-emit:" + t.Schema + "." + t.Outbox))
-}
-
-func hash32(s string) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(s))
-	return h.Sum32()
+	return lockkey.Emit(t.Schema, t.Outbox)
 }

@@ -130,8 +130,8 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	return &Processor{
 		cfg:        cfg,
 		table:      table,
-		insertOne:  fmt.Sprintf(insertOneSQL, table),
-		insertMany: fmt.Sprintf(insertManySQL, table),
+		insertOne:  render(insertOneSQL, cfg.Tables),
+		insertMany: render(insertManySQL, cfg.Tables),
 	}, nil
 }
 
@@ -146,7 +146,7 @@ func (p *Processor) Stats() ProcessorStats {
 // Check verifies that the processed table exists with the columns this
 // version needs, with an error that says how to fix it.
 func (p *Processor) Check(ctx context.Context) error {
-	_, err := p.cfg.Pool.Exec(ctx, fmt.Sprintf(checkSQL, p.table))
+	_, err := p.cfg.Pool.Exec(ctx, render(checkSQL, p.cfg.Tables))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "3F000") {
 		return fmt.Errorf("consumer: processed table %s is missing or out of date (%s); run 'outbox migrate' against the consumer's database", p.table, pgErr.Message)

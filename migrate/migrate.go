@@ -10,7 +10,6 @@
 package migrate
 
 import (
-	"bytes"
 	"context"
 	"embed"
 	"errors"
@@ -19,13 +18,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/template"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/lockkey"
+	"github.com/pgoutbox/outbox/internal/sqltext"
 )
 
 //go:embed sql/*.sql
@@ -56,6 +55,7 @@ type Beginner interface {
 type Migrator struct {
 	tables     outbox.Tables
 	migrations []Migration
+	ids        sqltext.Idents
 	versionTbl string
 	lockKey    int64
 }
@@ -66,25 +66,17 @@ func New(tables outbox.Tables) (*Migrator, error) {
 		return nil, err
 	}
 	tables = tables.WithDefaults()
-	vars := map[string]string{
-		"Schema":         pgident.Quote(tables.Schema),
-		"Outbox":         tables.OutboxIdent(),
-		"Processed":      tables.ProcessedIdent(),
-		"PendingIdx":     pgident.Quote(tables.Outbox + "_pending_idx"),
-		"AggregateIdx":   pgident.Quote(tables.Outbox + "_aggregate_pending_idx"),
-		"ProcessedAtIdx": pgident.Quote(trimIdent(tables.Processed + "_processed_at_idx")),
-		"Failures":       FailuresIdent(tables),
-		"Parked":         ParkedIdent(tables),
-	}
-	migs, err := load(vars)
+	ids := sqltext.For(tables.Schema, tables.Outbox, tables.Processed)
+	migs, err := load(ids)
 	if err != nil {
 		return nil, err
 	}
 	return &Migrator{
 		tables:     tables,
+		ids:        ids,
 		migrations: migs,
-		versionTbl: pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_migrations")),
-		lockKey:    int64(outbox.Tables.LockNamespace(tables))<<32 | 0x6d6967, // "mig"
+		versionTbl: ids.Migrations,
+		lockKey:    lockkey.Migration(tables.Schema, tables.Outbox),
 	}, nil
 }
 
@@ -93,24 +85,19 @@ func New(tables outbox.Tables) (*Migrator, error) {
 // for the watchdog to report.
 func FailuresIdent(tables outbox.Tables) string {
 	tables = tables.WithDefaults()
-	return pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_failures"))
+	return sqltext.For(tables.Schema, tables.Outbox, tables.Processed).Failures
 }
 
 // ParkedIdent is the quoted, schema-qualified table (migration 4) that
 // holds rows parked by `outbox events park`.
 func ParkedIdent(tables outbox.Tables) string {
 	tables = tables.WithDefaults()
-	return pgident.Qualified(tables.Schema, trimIdent(tables.Outbox+"_parked"))
+	return sqltext.For(tables.Schema, tables.Outbox, tables.Processed).Parked
 }
 
-func trimIdent(s string) string {
-	if len(s) > pgident.MaxLen {
-		return s[:pgident.MaxLen]
-	}
-	return s
-}
-
-func load(vars map[string]string) ([]Migration, error) {
+// load reads the embedded migrations and renders them for ids (sqltext:
+// {{outbox}}, {{failures}}, {{pending_idx}} and the like).
+func load(ids sqltext.Idents) ([]Migration, error) {
 	entries, err := fs.ReadDir(files, "sql")
 	if err != nil {
 		return nil, err
@@ -127,14 +114,7 @@ func load(vars map[string]string) ([]Migration, error) {
 		if err != nil {
 			return nil, err
 		}
-		tmpl, err := template.New(name).Option("missingkey=error").Parse(string(raw))
-		if err != nil {
-			return nil, fmt.Errorf("migrate: %s: %w", name, err)
-		}
-		var buf bytes.Buffer
-		if err := tmpl.Execute(&buf, vars); err != nil {
-			return nil, fmt.Errorf("migrate: %s: %w", name, err)
-		}
+		sql := sqltext.Render(string(raw), ids)
 		m := byVersion[v]
 		if m == nil {
 			m = &Migration{Version: v}
@@ -143,9 +123,9 @@ func load(vars map[string]string) ([]Migration, error) {
 		switch {
 		case strings.HasSuffix(rest, ".up.sql"):
 			m.Name = strings.TrimSuffix(rest, ".up.sql")
-			m.up = buf.String()
+			m.up = sql
 		case strings.HasSuffix(rest, ".down.sql"):
-			m.down = buf.String()
+			m.down = sql
 		default:
 			return nil, fmt.Errorf("migrate: %q is neither .up.sql nor .down.sql", name)
 		}
@@ -311,10 +291,10 @@ func (m *Migrator) inTx(ctx context.Context, db Beginner, write bool, fn func(pg
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	if write {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", m.lockKey); err != nil {
+		if _, err := tx.Exec(ctx, lockSQL, m.lockKey); err != nil {
 			return fmt.Errorf("migrate: take migration lock: %w", err)
 		}
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgident.Quote(m.tables.Schema)); err != nil {
+		if _, err := tx.Exec(ctx, sqltext.Render(createSchemaSQL, m.ids)); err != nil {
 			return fmt.Errorf("migrate: create schema: %w", err)
 		}
 		if _, err := tx.Exec(ctx, m.versionTableSQL()); err != nil {
@@ -327,42 +307,26 @@ func (m *Migrator) inTx(ctx context.Context, db Beginner, write bool, fn func(pg
 	return tx.Commit(ctx)
 }
 
-// versionTableSQL creates the bookkeeping table: one row per applied
-// version. Up and Validate read it, so a schema migrated by another tool
-// must have it too (UpScript writes it).
+// versionTableSQL creates the bookkeeping table (createVersionTableSQL).
 func (m *Migrator) versionTableSQL() string {
-	return `CREATE TABLE IF NOT EXISTS ` + m.versionTbl + ` (
-  version    INT         PRIMARY KEY,
-  applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
-)`
-}
-
-// recordSQL and unrecordSQL record and unrecord one applied version. The
-// version is a literal, not a parameter, so that the statements also stand
-// in a script (UpScript, DownScript).
-func (m *Migrator) recordSQL(version int) string {
-	return "INSERT INTO " + m.versionTbl + " (version) VALUES (" + strconv.Itoa(version) + ")"
-}
-
-func (m *Migrator) unrecordSQL(version int) string {
-	return "DELETE FROM " + m.versionTbl + " WHERE version = " + strconv.Itoa(version)
+	return sqltext.Render(createVersionTableSQL, m.ids)
 }
 
 func (m *Migrator) current(ctx context.Context, tx pgx.Tx) (int, error) {
 	var v int
-	err := tx.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM "+m.versionTbl).Scan(&v)
+	err := tx.QueryRow(ctx, sqltext.Render(currentSQL, m.ids)).Scan(&v)
 	return v, err
 }
 
 func (m *Migrator) applied(ctx context.Context, tx pgx.Tx) ([]Applied, error) {
 	var exists bool
-	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.versionTbl).Scan(&exists); err != nil {
+	if err := tx.QueryRow(ctx, existsSQL, m.versionTbl).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("migrate: look up %s: %w", m.versionTbl, err)
 	}
 	if !exists {
 		return nil, nil
 	}
-	rows, err := tx.Query(ctx, "SELECT version, applied_at FROM "+m.versionTbl+" ORDER BY version")
+	rows, err := tx.Query(ctx, sqltext.Render(appliedSQL, m.ids))
 	if err != nil {
 		return nil, fmt.Errorf("migrate: read %s: %w", m.versionTbl, err)
 	}

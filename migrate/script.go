@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/sqltext"
 )
 
 // UpScript writes, as one SQL script, the migrations above version from
@@ -32,10 +32,10 @@ func (m *Migrator) UpScript(w io.Writer, from int) error {
 -- migrations, run each migration with its INSERT in one transaction, and
 -- check with 'outbox migrate status'. The schema and that table come first.
 
-CREATE SCHEMA IF NOT EXISTS %s;
+%s;
 
 %s;
-`, m.versionTbl, m.Latest(), pgident.Quote(m.tables.Schema), m.versionTableSQL())
+`, m.versionTbl, m.Latest(), sqltext.Render(createSchemaSQL, m.ids), m.versionTableSQL())
 	for _, mig := range m.migrations[from:] {
 		fmt.Fprintf(b, "\n-- outbox migration %d: %s (up)\n\n", mig.Version, mig.Name)
 		writeSQL(b, mig.up)

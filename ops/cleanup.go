@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/lockkey"
 )
 
 // Cleanup defaults.
@@ -107,62 +107,6 @@ type TableCleanup struct {
 	Duration time.Duration
 }
 
-// outboxCleanupSQL deletes the old dispatched rows among the next $2 rows
-// of the primary key after id $1 (the window), and reports how many it
-// deleted, how many it looked at, the last id it looked at and whether it
-// reached rows created after the cutoff $3.
-//
-// There is no index on dispatched_at: old dispatched rows sit at the low
-// end of the primary key, so the job walks it from the start in windows
-// of $2 rows, each statement one bounded index range scan whatever the
-// table's size. It stops at the first window holding a row created after
-// the cutoff: rows after it are younger than the retention (a row is
-// dispatched after it is created), so the last batch does not scan the
-// recent part of the table. A rare row created before the cutoff but
-// numbered after that (a long inserting transaction) waits for the next
-// run.
-//
-// dispatched_at < $3 is repeated on the DELETE itself so that Postgres
-// re-checks it on the row's latest version should it have changed after
-// the window's snapshot: a pending row (dispatched_at NULL) can never
-// match, whatever a relayer does to it meanwhile.
-const outboxCleanupSQL = `WITH win AS MATERIALIZED (
-  SELECT id, created_at, dispatched_at FROM {{outbox}}
-  WHERE id > $1
-  ORDER BY id
-  LIMIT $2
-), del AS (
-  DELETE FROM {{outbox}} o
-  WHERE o.id = ANY(ARRAY(SELECT id FROM win WHERE dispatched_at < $3)) AND o.dispatched_at < $3
-  RETURNING 1
-)
-SELECT (SELECT count(*) FROM del), (SELECT count(*) FROM win),
-  coalesce((SELECT max(id) FROM win), $1),
-  coalesce((SELECT bool_or(created_at >= $3) FROM win), false)`
-
-// processedCleanupSQL deletes the oldest $2 dedupe rows processed before
-// $1, walking the processed_at index from $3 (the last batch's newest
-// processed_at: a keyset, so no batch re-walks the dead index entries its
-// predecessors left). Returns the count and the newest processed_at
-// deleted.
-const processedCleanupSQL = `WITH doomed AS MATERIALIZED (
-  SELECT consumer, source, event_id, processed_at FROM {{processed}}
-  WHERE processed_at >= $3 AND processed_at < $1
-  ORDER BY processed_at
-  LIMIT $2
-), del AS (
-  DELETE FROM {{processed}} p USING doomed d
-  WHERE p.consumer = d.consumer AND p.source = d.source AND p.event_id = d.event_id AND p.processed_at < $1
-  RETURNING p.processed_at
-)
-SELECT count(*), max(processed_at) FROM del`
-
-// pruneFailuresSQL drops failure records of rows that are no longer
-// pending (dispatched at last, or deleted by hand). The failures table
-// holds a handful of rows; each is one primary-key probe.
-const pruneFailuresSQL = `DELETE FROM {{failures}} f
-WHERE NOT EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)`
-
 // Cleanup deletes dispatched outbox rows older than the retention and
 // processed_events rows older than theirs, in batches of their own short
 // transactions with a pause between them, and prunes stale failure records.
@@ -185,9 +129,9 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 	if err != nil {
 		return res, fmt.Errorf("ops: cleanup: connect: %w", err)
 	}
-	ns := cleanupLockKey(cfg.Tables)
+	ns := lockkey.Cleanup(cfg.Tables.Schema, cfg.Tables.Outbox)
 	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1::int4, $2::int4)", ns, cleanupLockID).Scan(&locked); err != nil {
+	if err := conn.QueryRow(ctx, cleanupLockSQL, ns, lockkey.CleanupID).Scan(&locked); err != nil {
 		conn.Release()
 		return res, fmt.Errorf("ops: cleanup: take the cleanup lock: %w", err)
 	}
@@ -200,7 +144,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 		// connection goes back to the pool, or close the connection.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1::int4, $2::int4)", ns, cleanupLockID); err != nil {
+		if _, err := conn.Exec(uctx, cleanupUnlockSQL, ns, lockkey.CleanupID); err != nil {
 			_ = conn.Hijack().Close(uctx)
 			return
 		}
@@ -208,7 +152,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 	}()
 
 	c := conn.Conn()
-	if err := c.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond', now() - $2::bigint * interval '1 microsecond'`,
+	if err := c.QueryRow(ctx, cleanupCutoffsSQL,
 		cfg.Retention.Microseconds(), cfg.ProcessedRetention.Microseconds()).Scan(&res.OutboxCutoff, &res.ProcessedCutoff); err != nil {
 		return res, fmt.Errorf("ops: cleanup: read server time: %w", err)
 	}
@@ -272,16 +216,4 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 		res.Processed.Duration = time.Since(start)
 	}
 	return res, nil
-}
-
-// cleanupLockID is the second key of the cleanup's advisory lock; the
-// first is fixed per outbox table (cleanupLockKey).
-const cleanupLockID = 1
-
-// cleanupLockKey namespaces the two-key advisory lock by outbox table, apart
-// from Emit's per-aggregate locks and the application's own.
-func cleanupLockKey(t outbox.Tables) int32 {
-	h := fnv.New32a()
-	h.Write([]byte("outbox-ops:" + t.Schema + "." + t.Outbox))
-	return int32(h.Sum32())
 }

@@ -154,35 +154,6 @@ type ParkInfo struct {
 	LastError string
 }
 
-// showSQL reads one outbox row by primary key, with its failure record (by
-// the failures table's primary key) and, for a pending row, the earliest
-// pending row of its aggregate before it. That walks the pending index
-// (id) WHERE dispatched_at IS NULL from its start up to the row and stops
-// at the first row of the aggregate, as the watchdog's BlockedBy does:
-// there is no index on aggregate_id (migration 3 dropped it). $1 id, $2 how
-// many characters of the payload text to return (-1: all).
-const showSQL = `SELECT o.id, o.aggregate_id, o.type, o.created_at, o.dispatched_at,
-  octet_length(o.payload::text),
-  CASE WHEN $2::int < 0 THEN o.payload::text ELSE left(o.payload::text, $2::int) END,
-  o.headers::text,
-  f.event_id IS NOT NULL, f.reason, f.error, f.attempts, f.first_failed_at, f.failed_at, f.held_until,
-  coalesce(o.dispatched_at IS NULL AND f.held_until > now(), false),
-  CASE WHEN o.dispatched_at IS NULL THEN (
-    SELECT p.id FROM {{outbox}} p
-    WHERE p.dispatched_at IS NULL AND p.id < o.id AND p.aggregate_id = o.aggregate_id
-    ORDER BY p.id LIMIT 1)
-  END
-FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id
-WHERE o.id = $1`
-
-// showParkedSQL reads one parked row by the parked table's primary key. $1
-// id, $2 as in showSQL.
-const showParkedSQL = `SELECT id, aggregate_id, type, created_at,
-  octet_length(payload::text),
-  CASE WHEN $2::int < 0 THEN payload::text ELSE left(payload::text, $2::int) END,
-  headers::text, parked_at, reason, last_error
-FROM {{parked}} WHERE id = $1`
-
 // ShowEvent reads one event: its row in the outbox with its recorded
 // failure and the row it waits behind, or else its parked row. It returns
 // an error wrapping ErrEventNotFound when the id is in neither.
@@ -224,7 +195,7 @@ func showEvent(ctx context.Context, db Queryer, t outbox.Tables, id int64, previ
 		blockedBy  *int64
 		f          EventFailure
 	)
-	err := db.QueryRow(ctx, renderEvents(showSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt, &dispatched,
+	err := db.QueryRow(ctx, render(showSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt, &dispatched,
 		&d.PayloadBytes, &d.Payload, &headers,
 		&hasFailure, &reason, &errText, &attempts, &first, &failed, &heldUntil, &f.HoldActive, &blockedBy)
 	switch {
@@ -246,7 +217,7 @@ func showEvent(ctx context.Context, db Queryer, t outbox.Tables, id int64, previ
 	case errors.Is(err, pgx.ErrNoRows):
 		var p ParkInfo
 		var lastErr *string
-		err = db.QueryRow(ctx, renderEvents(showParkedSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt,
+		err = db.QueryRow(ctx, render(showParkedSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt,
 			&d.PayloadBytes, &d.Payload, &headers, &p.ParkedAt, &p.Reason, &lastErr)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return d, notFound(t, id)
@@ -333,38 +304,6 @@ type RetryResult struct {
 	BlockedByHold *Hold
 }
 
-// activeHoldsSQL lists the active holds of one event (the failures table's
-// primary key) or of one aggregate (no index: the failures table holds one
-// row per stuck event, a handful), each checked against its outbox row by
-// primary key. {{match}} is holdByEvent or holdByAggregate.
-const activeHoldsSQL = `SELECT f.event_id, f.aggregate_id, f.type, f.reason, f.error, f.attempts, f.held_until
-FROM {{failures}} f
-WHERE {{match}} AND f.held_until > now()
-  AND EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
-ORDER BY f.event_id`
-
-// liftHoldsSQL lifts the holds activeHoldsSQL lists, and only the hold:
-// the failure's history (reason, error, attempts) stays. The rows are
-// locked first so that the reported held_until is the one lifted.
-const liftHoldsSQL = `WITH held AS (
-  SELECT f.event_id, f.held_until FROM {{failures}} f
-  WHERE {{match}} AND f.held_until > now()
-    AND EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
-  FOR UPDATE OF f
-)
-UPDATE {{failures}} f SET held_until = NULL
-FROM held WHERE f.event_id = held.event_id
-RETURNING f.event_id, f.aggregate_id, f.type, f.reason, f.error, f.attempts, held.held_until`
-
-const (
-	holdByEvent     = "f.event_id = $1"
-	holdByAggregate = "f.aggregate_id = $1"
-)
-
-// notifySQL wakes every relayer listening on the outbox's channel; sent in
-// the verb's transaction, it is delivered when the change commits.
-const notifySQL = `SELECT pg_notify($1, '')`
-
 // Retry lifts holds: it sets held_until to NULL on the failures rows of
 // the event (or aggregate) whose hold is active, so that every running
 // relayer tries the aggregate again at its next claim, and NOTIFYs them.
@@ -395,9 +334,9 @@ func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, erro
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	match, arg := holdByAggregate, any(cfg.AggregateID)
+	holds, arg := holdsSQL[0], any(cfg.AggregateID)
 	if byEvent {
-		match, arg = holdByEvent, cfg.EventID
+		holds, arg = holdsSQL[1], cfg.EventID
 		d, err := showEvent(ctx, tx, t, cfg.EventID, 0)
 		if err != nil {
 			return res, err
@@ -426,11 +365,11 @@ func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, erro
 		}
 	}
 
-	stmt := activeHoldsSQL
+	stmt := holds[0]
 	if cfg.Apply {
-		stmt = liftHoldsSQL
+		stmt = holds[1]
 	}
-	rows, err := tx.Query(ctx, strings.ReplaceAll(renderEvents(stmt, t), "{{match}}", match), arg)
+	rows, err := tx.Query(ctx, render(stmt, t), arg)
 	if err != nil {
 		return res, fmt.Errorf("ops: retry: read holds in %s: %w", migrate.FailuresIdent(t), err)
 	}
@@ -510,33 +449,6 @@ type ParkResult struct {
 	LaterPending int64
 }
 
-// lockPendingSQL reads one outbox row by primary key; an applied run adds
-// FOR UPDATE (under a lock_timeout) so no relayer claims it meanwhile.
-const lockPendingSQL = `SELECT aggregate_id, type, created_at, dispatched_at FROM {{outbox}} WHERE id = $1`
-
-// laterPendingSQL counts the pending rows of an aggregate after an id: a
-// walk of the pending index (id) WHERE dispatched_at IS NULL from that id
-// to its end (no index on aggregate_id). $1 aggregate, $2 id.
-const laterPendingSQL = `SELECT count(*) FROM {{outbox}} WHERE dispatched_at IS NULL AND id > $2 AND aggregate_id = $1`
-
-// lastErrorSQL reads an event's recorded failure by primary key.
-const lastErrorSQL = `SELECT error FROM {{failures}} WHERE event_id = $1`
-
-// parkSQL moves one pending outbox row (by primary key) into the parked
-// table whole, with the reason and the last recorded error, and deletes
-// its failure record (by primary key): its hold goes with it. $1 id, $2
-// reason.
-const parkSQL = `WITH moved AS (
-  DELETE FROM {{outbox}} WHERE id = $1 AND dispatched_at IS NULL
-  RETURNING id, aggregate_id, type, payload, headers, created_at
-), failure AS (
-  DELETE FROM {{failures}} WHERE event_id = (SELECT id FROM moved)
-  RETURNING error
-)
-INSERT INTO {{parked}} (id, aggregate_id, type, payload, headers, created_at, reason, last_error)
-SELECT id, aggregate_id, type, payload, headers, created_at, $2, (SELECT error FROM failure) FROM moved
-RETURNING parked_at, last_error`
-
 // Park takes a pending event out of the outbox into the parked table
 // (migrate.ParkedIdent), with its reason and last recorded error, and
 // deletes its failure record, in one transaction; then NOTIFYs the
@@ -581,10 +493,10 @@ func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) 
 
 	ev := ParkedEvent{ID: cfg.ID, Reason: cfg.Reason}
 	var dispatched *time.Time
-	q := renderEvents(lockPendingSQL, t)
+	q := render(lockPendingSQL, t)
 	if cfg.Apply {
-		q += " FOR UPDATE"
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
+		q = render(lockPendingForUpdateSQL, t)
+		if _, err := tx.Exec(ctx, setLockTimeoutSQL, fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
 			return res, fmt.Errorf("ops: park: set lock_timeout: %w", err)
 		}
 	}
@@ -609,12 +521,12 @@ func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) 
 	case dispatched != nil:
 		return res, eventErr(ErrEventDispatched, "event %d was dispatched at %s: it is published, so it cannot be parked", cfg.ID, fmtTime(*dispatched))
 	}
-	if err := tx.QueryRow(ctx, renderEvents(laterPendingSQL, t), ev.AggregateID, cfg.ID).Scan(&res.LaterPending); err != nil {
+	if err := tx.QueryRow(ctx, render(laterPendingSQL, t), ev.AggregateID, cfg.ID).Scan(&res.LaterPending); err != nil {
 		return res, fmt.Errorf("ops: park: count the later rows of aggregate %s: %w", ev.AggregateID, err)
 	}
 	if !cfg.Apply {
 		var lastErr *string
-		err := tx.QueryRow(ctx, renderEvents(lastErrorSQL, t), cfg.ID).Scan(&lastErr)
+		err := tx.QueryRow(ctx, render(lastErrorSQL, t), cfg.ID).Scan(&lastErr)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return res, fmt.Errorf("ops: park: read the failure of event %d: %w", cfg.ID, err)
 		}
@@ -625,7 +537,7 @@ func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) 
 		return res, nil
 	}
 	var lastErr *string
-	if err := tx.QueryRow(ctx, renderEvents(parkSQL, t), cfg.ID, cfg.Reason).Scan(&ev.ParkedAt, &lastErr); err != nil {
+	if err := tx.QueryRow(ctx, render(parkSQL, t), cfg.ID, cfg.Reason).Scan(&ev.ParkedAt, &lastErr); err != nil {
 		return res, fmt.Errorf("ops: park event %d into %s: %w", cfg.ID, migrate.ParkedIdent(t), err)
 	}
 	if lastErr != nil {
@@ -666,22 +578,6 @@ type UnparkResult struct {
 	LaterPending int64
 }
 
-// parkedSQL reads (and in an applied run locks, so two unparks do not
-// race) one parked row by primary key.
-const parkedSQL = `SELECT aggregate_id, type, created_at, parked_at, reason, last_error FROM {{parked}} WHERE id = $1`
-
-// unparkSQL moves a parked row (by primary key) back into the outbox under
-// its id, pending, with its created_at, and drops any failure record left
-// for that id, so its first try starts afresh.
-const unparkSQL = `WITH p AS (
-  DELETE FROM {{parked}} WHERE id = $1
-  RETURNING id, aggregate_id, type, payload, headers, created_at
-), stale AS (
-  DELETE FROM {{failures}} WHERE event_id = (SELECT id FROM p)
-)
-INSERT INTO {{outbox}} (id, aggregate_id, type, payload, headers, created_at, requeued_at)
-SELECT id, aggregate_id, type, payload, headers, created_at, now() FROM p`
-
 // Unpark moves a parked event back into the outbox under its original id,
 // pending, with its created_at kept, deletes its parked row, and NOTIFYs
 // the relayers. Being the oldest pending row of its aggregate (its id is
@@ -710,9 +606,9 @@ func Unpark(ctx context.Context, db Beginner, cfg UnparkConfig) (UnparkResult, e
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
 	ev := ParkedEvent{ID: cfg.ID}
-	q := renderEvents(parkedSQL, t)
+	q := render(parkedSQL, t)
 	if cfg.Apply {
-		q += " FOR UPDATE"
+		q = render(parkedForUpdateSQL, t)
 	}
 	var lastErr *string
 	err = tx.QueryRow(ctx, q, cfg.ID).Scan(&ev.AggregateID, &ev.Type, &ev.CreatedAt, &ev.ParkedAt, &ev.Reason, &lastErr)
@@ -730,13 +626,13 @@ func Unpark(ctx context.Context, db Beginner, cfg UnparkConfig) (UnparkResult, e
 		ev.LastError = *lastErr
 	}
 	res.Event = ev
-	if err := tx.QueryRow(ctx, renderEvents(laterPendingSQL, t), ev.AggregateID, cfg.ID).Scan(&res.LaterPending); err != nil {
+	if err := tx.QueryRow(ctx, render(laterPendingSQL, t), ev.AggregateID, cfg.ID).Scan(&res.LaterPending); err != nil {
 		return res, fmt.Errorf("ops: unpark: count the later rows of aggregate %s: %w", ev.AggregateID, err)
 	}
 	if !cfg.Apply {
 		return res, nil
 	}
-	if _, err := tx.Exec(ctx, renderEvents(unparkSQL, t), cfg.ID); err != nil {
+	if _, err := tx.Exec(ctx, render(unparkSQL, t), cfg.ID); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
 			return res, fmt.Errorf("ops: unpark: %s already has a row with id %d (inserted by hand?); "+
@@ -796,47 +692,6 @@ type ReplayResult struct {
 	OldestID int64
 }
 
-// replayCountSQL counts, over the primary key range [$1, $2], the
-// dispatched rows a replay would set back to pending and the pending ones
-// it would leave, with the filters $3 type and $4 aggregate (NULL: any).
-const replayCountSQL = `SELECT count(*) FILTER (WHERE dispatched_at IS NOT NULL),
-  count(*) FILTER (WHERE dispatched_at IS NULL),
-  coalesce(min(id) FILTER (WHERE dispatched_at IS NOT NULL), 0),
-  coalesce(max(id) FILTER (WHERE dispatched_at IS NOT NULL), 0)
-FROM {{outbox}}
-WHERE id >= $1 AND id <= $2 AND ($3::text IS NULL OR type = $3) AND ($4::uuid IS NULL OR aggregate_id = $4)`
-
-// oldestIDSQL is the first entry of the primary key.
-const oldestIDSQL = `SELECT coalesce(min(id), 0) FROM {{outbox}}`
-
-// replaySQL sets back to pending the dispatched rows matching the filters
-// ($4 type, $5 aggregate; NULL: any) among the next $3 rows of the primary
-// key from id $1 up to $2 (a window: one bounded range scan of the primary
-// key, whatever the size of the table, the range or the filters' share of
-// it), with requeued_at = now(). It returns how many it replayed, their lowest and highest id, how
-// many matching rows were pending already, how many rows it looked at and
-// the last id it looked at. Rows a relayer is claiming right now look
-// pending to it and are left alone: they are being published anyway. A
-// failure record left from a replayed row's earlier life (cleanup prunes
-// them, but may not have yet) is deleted by primary key, so it neither
-// holds the row nor shows as its failure.
-const replaySQL = `WITH win AS MATERIALIZED (
-  SELECT id, dispatched_at IS NULL AS pending,
-    ($4::text IS NULL OR type = $4) AND ($5::uuid IS NULL OR aggregate_id = $5) AS wanted
-  FROM {{outbox}}
-  WHERE id >= $1 AND id <= $2
-  ORDER BY id
-  LIMIT $3
-), upd AS (
-  UPDATE {{outbox}} o SET dispatched_at = NULL, requeued_at = now()
-  WHERE o.id = ANY(ARRAY(SELECT id FROM win WHERE wanted AND NOT pending)) AND o.dispatched_at IS NOT NULL
-  RETURNING o.id
-), stale AS (
-  DELETE FROM {{failures}} WHERE event_id = ANY(ARRAY(SELECT id FROM upd))
-)
-SELECT (SELECT count(*) FROM upd), coalesce((SELECT min(id) FROM upd), 0), coalesce((SELECT max(id) FROM upd), 0),
-  (SELECT count(*) FROM win WHERE wanted AND pending), (SELECT count(*) FROM win), coalesce((SELECT max(id) FROM win), $2)`
-
 // Replay sets dispatched events with ids in [FromID, ToID] (and the Type
 // and AggregateID, when set) back to pending, so that the relayers publish
 // them again, e.g. for a new consumer; consumers deduplicate by event_id.
@@ -881,13 +736,13 @@ func Replay(ctx context.Context, db Beginner, cfg ReplayConfig) (ReplayResult, e
 	log := logger(cfg.Logger, t)
 
 	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, renderEvents(oldestIDSQL, t)).Scan(&res.OldestID); err != nil {
+		if err := tx.QueryRow(ctx, render(oldestIDSQL, t)).Scan(&res.OldestID); err != nil {
 			return err
 		}
 		if cfg.Apply {
 			return nil
 		}
-		return tx.QueryRow(ctx, renderEvents(replayCountSQL, t), cfg.FromID, cfg.ToID, typ, agg).Scan(&res.Rows, &res.Pending, &res.FirstID, &res.LastID)
+		return tx.QueryRow(ctx, render(replayCountSQL, t), cfg.FromID, cfg.ToID, typ, agg).Scan(&res.Rows, &res.Pending, &res.FirstID, &res.LastID)
 	}); err != nil {
 		return res, fmt.Errorf("ops: replay: count rows %d to %d of %s: %w", cfg.FromID, cfg.ToID, t.OutboxIdent(), err)
 	}
@@ -895,7 +750,7 @@ func Replay(ctx context.Context, db Beginner, cfg ReplayConfig) (ReplayResult, e
 		return res, nil
 	}
 
-	q := renderEvents(replaySQL, t)
+	q := render(replaySQL, t)
 	from := cfg.FromID
 	for {
 		var replayed, first, last, pending, scanned, lastSeen int64
@@ -972,16 +827,6 @@ func logger(l *slog.Logger, t outbox.Tables) *slog.Logger {
 		l = slog.Default()
 	}
 	return l.With("outbox", t.OutboxIdent())
-}
-
-// renderEvents fills in the tables of the verbs' statements: {{outbox}},
-// {{failures}} and {{parked}}.
-func renderEvents(sql string, t outbox.Tables) string {
-	return strings.NewReplacer(
-		"{{outbox}}", t.OutboxIdent(),
-		"{{failures}}", migrate.FailuresIdent(t),
-		"{{parked}}", migrate.ParkedIdent(t),
-	).Replace(sql)
 }
 
 func fmtTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }

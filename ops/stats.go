@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/migrate"
 )
 
 // Queryer is what the read-only queries here need; *pgxpool.Pool, *pgx.Conn
@@ -47,33 +45,6 @@ type Lag struct {
 	// (since its first recorded failure). Zero when nothing is held.
 	OldestHeldAge time.Duration
 }
-
-// heldRowsSQL is what makes a pending row held: a failures row (one per
-// event, primary key event_id) recorded since the row last became pending.
-// A failure older than that belongs to an earlier life of the row, before
-// `outbox events replay` or `unpark` requeued it. The failures table is
-// tiny and each of its rows finds its outbox row by primary key.
-const heldRowsSQL = `SELECT f.event_id, o.aggregate_id, f.reason, f.first_failed_at FROM {{failures}} f JOIN {{outbox}} o ON o.id = f.event_id
-  WHERE o.dispatched_at IS NULL AND f.failed_at >= coalesce(o.requeued_at, o.created_at)`
-
-// lagSQL reads only pending rows, through the partial index (id) WHERE
-// dispatched_at IS NULL: its cost follows the backlog, not the table, so it
-// is cheap enough to run every few seconds. min(created_at), not the
-// created_at of the lowest id: ids are taken at insert and created_at at
-// transaction start, so a long transaction can hold an older row at a
-// higher id. A requeued row counts from its requeued_at. Held rows, and the rows of their aggregates (all behind
-// them: a held row is its aggregate's oldest pending row), are stuck at
-// once, whatever their age. $1 is StuckAfter in microseconds.
-const lagSQL = `WITH held AS MATERIALIZED (SELECT coalesce(array_agg(aggregate_id), '{}') AS aggs FROM (` + heldRowsSQL + `) h)
-SELECT
-  count(*),
-  count(*) FILTER (WHERE coalesce(requeued_at, created_at) < now() - $1::bigint * interval '1 microsecond' OR aggregate_id = ANY((SELECT aggs FROM held)::uuid[])),
-  coalesce(extract(epoch FROM now() - min(coalesce(requeued_at, created_at))), 0)::float8
-FROM {{outbox}} WHERE dispatched_at IS NULL`
-
-// heldSQL counts held rows by reason, with the oldest first failure.
-const heldSQL = `SELECT reason, count(*), extract(epoch FROM now() - min(first_failed_at))::float8
-FROM (` + heldRowsSQL + `) h GROUP BY reason`
 
 // ReadLag reads the pending, stuck, held and lag figures: the queries
 // behind the relay's gauges and the watchdog's SLO check.
@@ -133,19 +104,6 @@ type Stats struct {
 // created in the last hour plus ten minutes of slack for lag.
 const RateWindow = 70 * time.Minute
 
-// rateSQL counts recent dispatches over a primary-key range starting at the
-// first row created within RateWindow. $1 first id, $2 the server's now().
-const rateSQL = `SELECT
-  count(*) FILTER (WHERE dispatched_at > $2::timestamptz - interval '1 minute'),
-  count(*) FILTER (WHERE dispatched_at > $2::timestamptz - interval '1 hour')
-FROM {{outbox}} WHERE id >= $1`
-
-// tableSQL reads size and tuple counts; $1 is the quoted table name.
-const tableSQL = `SELECT pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
-  s.last_vacuum, s.last_autovacuum
-FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid = $1::regclass`
-
 // ReadStats reads the snapshot. It runs a handful of short queries, none of
 // which scans the whole table.
 func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter time.Duration) (Stats, error) {
@@ -158,7 +116,7 @@ func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter
 		return fmt.Errorf("ops: read %s of %s: %w", what, tables.OutboxIdent(), err)
 	}
 	var now time.Time
-	if err := db.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+	if err := db.QueryRow(ctx, serverNowSQL).Scan(&now); err != nil {
 		return s, wrap("server time", err)
 	}
 	first, err := firstIDCreatedSince(ctx, db, tables, now.Add(-RateWindow))
@@ -191,13 +149,13 @@ func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter
 // to bound a scan.
 func firstIDCreatedSince(ctx context.Context, db Queryer, tables outbox.Tables, since time.Time) (int64, error) {
 	var lo, hi *int64
-	if err := db.QueryRow(ctx, render(`SELECT min(id), max(id) FROM {{outbox}}`, tables)).Scan(&lo, &hi); err != nil {
+	if err := db.QueryRow(ctx, render(idRangeSQL, tables)).Scan(&lo, &hi); err != nil {
 		return 0, err
 	}
 	if lo == nil {
 		return 0, nil
 	}
-	probe := render(`SELECT id, created_at FROM {{outbox}} WHERE id >= $1 ORDER BY id LIMIT 1`, tables)
+	probe := render(idProbeSQL, tables)
 	a, b := *lo, *hi+1
 	for a < b {
 		mid := a + (b-a)/2
@@ -218,14 +176,6 @@ func firstIDCreatedSince(ctx context.Context, db Queryer, tables outbox.Tables, 
 	// a > b only if rows vanished under the search; the lower is the
 	// conservative bound.
 	return min(a, b), nil
-}
-
-func render(sql string, tables outbox.Tables) string {
-	return strings.NewReplacer(
-		"{{outbox}}", tables.OutboxIdent(),
-		"{{processed}}", tables.ProcessedIdent(),
-		"{{failures}}", migrate.FailuresIdent(tables),
-	).Replace(sql)
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -93,24 +93,6 @@ type Report struct {
 // Healthy reports whether nothing is stuck and the lag is within the SLO.
 func (r Report) Healthy() bool { return r.Lag.Stuck == 0 && !r.LagBreached }
 
-// stuckSQL is the seed's watchdog query with what an operator needs next:
-// the recorded failure and the row an aggregate waits behind. It walks the
-// pending index in id order and stops at the limit; BlockedBy walks the same
-// index from its start to the aggregate's first pending row, which is no
-// later than the stuck row itself. Held rows (heldRowsSQL) and the rows of
-// their aggregates are stuck whatever their age, as in lagSQL. $1
-// StuckAfter in microseconds, $2 limit.
-const stuckSQL = `WITH held AS MATERIALIZED (SELECT coalesce(array_agg(aggregate_id), '{}') AS aggs FROM (` + heldRowsSQL + `) h)
-SELECT o.id, o.aggregate_id, o.type, o.created_at,
-  extract(epoch FROM now() - coalesce(o.requeued_at, o.created_at))::float8,
-  (SELECT min(p.id) FROM {{outbox}} p WHERE p.aggregate_id = o.aggregate_id AND p.dispatched_at IS NULL),
-  f.reason, f.error, f.attempts, f.failed_at, f.held_until
-FROM {{outbox}} o LEFT JOIN {{failures}} f ON f.event_id = o.id AND f.failed_at >= coalesce(o.requeued_at, o.created_at)
-WHERE o.dispatched_at IS NULL
-  AND (coalesce(o.requeued_at, o.created_at) < now() - $1::bigint * interval '1 microsecond' OR o.aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
-ORDER BY o.id
-LIMIT $2`
-
 // Check runs the watchdog once: counts pending and stuck rows, checks the
 // lag SLO and lists stuck rows with what is known about them.
 func Check(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) {

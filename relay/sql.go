@@ -1,10 +1,8 @@
 package relay
 
 import (
-	"strings"
-
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/migrate"
+	"github.com/pgoutbox/outbox/internal/sqltext"
 )
 
 // claimSQL claims and marks one batch in a single statement; the caller
@@ -60,28 +58,25 @@ import (
 // primary key. The final LEFT JOIN always yields a row carrying how many
 // rows were locked, even when none was accepted (the row's other columns
 // are then NULL), so telling "nothing pending" from "everything waits
-// behind another relayer" costs no second statement.
-//
-// An earlier shape looked each candidate aggregate up in an (aggregate_id,
-// id) index instead: one index descent per aggregate, 23 of a claim's 49 ms
-// with 1,000 aggregates in a batch. This one drains 1.5x faster
-// (BenchmarkClaim), and migration 3 dropped that index.
+// behind another relayer" costs no second statement. No statement reads an
+// (aggregate_id, id) index: migration 3 dropped it (BENCHMARKS.md says what
+// the earlier shape, one descent per aggregate, cost).
 const claimSQL = `WITH held AS MATERIALIZED (
   SELECT coalesce(array_agg(DISTINCT f.aggregate_id), '{}') AS aggs FROM {{failures}} f
   WHERE f.held_until > now()
-    AND EXISTS (SELECT 1 FROM {{table}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
+    AND EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
 ), candidates AS MATERIALIZED (
-  SELECT id, aggregate_id, pg_column_size(payload) AS size FROM {{table}}
+  SELECT id, aggregate_id, pg_column_size(payload) AS size FROM {{outbox}}
   WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
   ORDER BY id
   LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), seen AS MATERIALIZED (
-  SELECT id, aggregate_id FROM {{table}}
+  SELECT id, aggregate_id FROM {{outbox}}
   WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
     AND NOT (id = ANY($2::bigint[]))
     AND id >= (
-      SELECT id FROM {{table}}
+      SELECT id FROM {{outbox}}
       WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
       ORDER BY id LIMIT 1)
     AND id <= (SELECT max(id) FROM candidates)
@@ -105,7 +100,7 @@ const claimSQL = `WITH held AS MATERIALIZED (
   SELECT c.id FROM candidates c LEFT JOIN gaps g USING (aggregate_id)
   WHERE (g.gap IS NULL OR c.id < g.gap) AND c.id <= (SELECT id FROM cutoff)
 ), marked AS (
-  UPDATE {{table}} SET dispatched_at = now()
+  UPDATE {{outbox}} SET dispatched_at = now()
   WHERE id = ANY(ARRAY(SELECT id FROM accepted))
   RETURNING id, aggregate_id, type, payload, headers, coalesce(requeued_at, created_at) AS created_at
 )
@@ -120,14 +115,14 @@ FROM (SELECT count(*) AS locked FROM candidates) c LEFT JOIN marked m ON true`
 // and stop early. Without statistics on the table (never analyzed:
 // autovacuum off, or not yet run on a fresh backlog) Postgres guesses 0.5%
 // of rows pending, and its plan for LIMIT 5000 otherwise read every pending
-// row through a bitmap scan and sorted them: 450 ms a claim on a
-// million-row backlog, against 40 ms walking the pending index
-// (TestClaimPlanUsesPendingIndex, "no statistics").
+// row through a bitmap scan and sorted them, far slower than walking
+// the pending index (TestClaimPlanUsesPendingIndex, "no statistics";
+// figures in BENCHMARKS.md).
 const claimBegin = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 
 // unmarkSQL returns rows the broker did not acknowledge to pending, inside
 // the claim's transaction (so, to other sessions, they never left it).
-const unmarkSQL = `UPDATE {{table}} SET dispatched_at = NULL WHERE id = ANY($1::bigint[])`
+const unmarkSQL = `UPDATE {{outbox}} SET dispatched_at = NULL WHERE id = ANY($1::bigint[])`
 
 // holdSQL records rows that failed for good in the failures table, in the
 // batch's transaction: the first failure holds the row's aggregate for $6
@@ -147,9 +142,13 @@ ON CONFLICT (event_id) DO UPDATE
   WHERE f.held_until IS NULL OR f.held_until <= now()
 RETURNING event_id, attempts, held_until`
 
+var _ = sqltext.Register("relay", map[string]string{
+	"claimSQL": claimSQL, "claimBegin": claimBegin, "unmarkSQL": unmarkSQL, "holdSQL": holdSQL,
+})
+
+// render fills a statement's placeholders ({{outbox}}, {{failures}}) with
+// tables' quoted names; New renders each statement once.
 func render(sql string, tables outbox.Tables) string {
-	return strings.NewReplacer(
-		"{{table}}", tables.OutboxIdent(),
-		"{{failures}}", migrate.FailuresIdent(tables),
-	).Replace(sql)
+	tables = tables.WithDefaults()
+	return sqltext.Render(sql, sqltext.For(tables.Schema, tables.Outbox, tables.Processed))
 }

@@ -1,2 +1,2 @@
-DROP TABLE IF EXISTS {{.Processed}};
-DROP TABLE IF EXISTS {{.Outbox}};
+DROP TABLE IF EXISTS {{processed}};
+DROP TABLE IF EXISTS {{outbox}};

@@ -1,6 +1,6 @@
-CREATE SCHEMA IF NOT EXISTS {{.Schema}};
+CREATE SCHEMA IF NOT EXISTS {{schema}};
 
-CREATE TABLE {{.Outbox}} (
+CREATE TABLE {{outbox}} (
   id            BIGSERIAL   PRIMARY KEY,
   aggregate_id  UUID        NOT NULL,
   type          TEXT        NOT NULL,
@@ -16,16 +16,16 @@ CREATE TABLE {{.Outbox}} (
 -- row in front of the pending ones: 98 ms a claim with 218k dispatched rows,
 -- growing with the table. This partial index holds pending rows only, in
 -- claim order, so a claim costs the same with 0 or 10M dispatched rows.
-CREATE INDEX {{.PendingIdx}} ON {{.Outbox}} (id) WHERE dispatched_at IS NULL;
+CREATE INDEX {{pending_idx}} ON {{outbox}} (id) WHERE dispatched_at IS NULL;
 
 -- Per-aggregate order: the claim checks that the rows it takes are the
 -- oldest pending rows of their aggregate, walking this index per aggregate.
-CREATE INDEX {{.AggregateIdx}} ON {{.Outbox}} (aggregate_id, id) WHERE dispatched_at IS NULL;
+CREATE INDEX {{aggregate_idx}} ON {{outbox}} (aggregate_id, id) WHERE dispatched_at IS NULL;
 
 -- Consumer dedupe. source tells apart events of different outbox tables
 -- (event_id is only unique within one): the relayer stamps it into each
 -- record's event_source header, and it is part of the key.
-CREATE TABLE {{.Processed}} (
+CREATE TABLE {{processed}} (
   consumer     TEXT        NOT NULL,
   source       TEXT        NOT NULL DEFAULT '',
   event_id     BIGINT      NOT NULL,
@@ -34,4 +34,4 @@ CREATE TABLE {{.Processed}} (
 );
 
 -- Retention cleanup deletes by age.
-CREATE INDEX {{.ProcessedAtIdx}} ON {{.Processed}} (processed_at);
+CREATE INDEX {{processed_at_idx}} ON {{processed}} (processed_at);

@@ -1,1 +1,1 @@
-DROP TABLE IF EXISTS {{.Failures}};
+DROP TABLE IF EXISTS {{failures}};

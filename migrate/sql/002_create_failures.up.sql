@@ -4,7 +4,7 @@
 -- handful in a healthy system; rows whose event is no longer pending are
 -- pruned by cleanup. No foreign key to the outbox: it would put a lookup on
 -- every cleanup delete, for a table that is almost always empty.
-CREATE TABLE {{.Failures}} (
+CREATE TABLE {{failures}} (
   event_id         BIGINT      PRIMARY KEY,
   aggregate_id     UUID        NOT NULL,
   type             TEXT        NOT NULL,

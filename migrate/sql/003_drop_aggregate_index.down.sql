@@ -1,1 +1,1 @@
-CREATE INDEX IF NOT EXISTS {{.AggregateIdx}} ON {{.Outbox}} (aggregate_id, id) WHERE dispatched_at IS NULL;
+CREATE INDEX IF NOT EXISTS {{aggregate_idx}} ON {{outbox}} (aggregate_id, id) WHERE dispatched_at IS NULL;

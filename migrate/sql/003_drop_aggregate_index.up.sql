@@ -3,4 +3,4 @@
 -- (relay/sql.go), one walk instead of one descent per aggregate. Nothing
 -- else needs it, and every Emit paid for it: a third index insert, at a
 -- random position (aggregate ids are UUIDs).
-DROP INDEX IF EXISTS {{.AggregateIdx}};
+DROP INDEX IF EXISTS {{aggregate_idx}};

@@ -7,7 +7,7 @@
 -- lifts a hold for all of them at once. reason is a short code (too_large,
 -- undecodable, invalid_topic, reserved_header, broker_refused) for metrics
 -- and alerts; error is the whole message.
-ALTER TABLE {{.Failures}}
+ALTER TABLE {{failures}}
   ADD COLUMN reason     TEXT        NOT NULL DEFAULT 'broker_refused',
   ADD COLUMN held_until TIMESTAMPTZ;
 
@@ -15,7 +15,7 @@ ALTER TABLE {{.Failures}}
 -- later rows of their aggregate flow (a deliberate break of that
 -- aggregate's order), kept whole with why, until `outbox events unpark`
 -- puts them back under their original id.
-CREATE TABLE {{.Parked}} (
+CREATE TABLE {{parked}} (
   id            BIGINT      PRIMARY KEY,
   aggregate_id  UUID        NOT NULL,
   type          TEXT        NOT NULL,
@@ -34,4 +34,4 @@ CREATE TABLE {{.Parked}} (
 -- coalesce(requeued_at, created_at): how long the row has waited this time.
 -- A nullable column without a default: adding it rewrites nothing, and
 -- Emit never sets it.
-ALTER TABLE {{.Outbox}} ADD COLUMN requeued_at TIMESTAMPTZ;
+ALTER TABLE {{outbox}} ADD COLUMN requeued_at TIMESTAMPTZ;

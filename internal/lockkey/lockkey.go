@@ -1,0 +1,51 @@
+// Package lockkey derives every advisory-lock key the outbox takes, in one
+// place, so that no two of them can be chosen apart and collide:
+//
+//   - Emit's per-aggregate locks, two-key (int4, int4): Emit(table) and the
+//     aggregate's bucket (Bucket);
+//   - the migration lock, one bigint key: Migration(table);
+//   - the cleanup lock, two-key: Cleanup(table) and CleanupID.
+//
+// Each namespace is fixed per outbox table (schema and name), so several
+// outboxes in one database never wait on each other, and hashed with a
+// prefix of its own, so Emit's and cleanup's do not meet. Postgres keeps
+// single-bigint and two-int4 advisory locks apart, so the migration lock
+// cannot meet either. An application's own advisory locks are usually
+// single-key, and so cannot meet the two-key ones.
+package lockkey
+
+import "hash/fnv"
+
+// Emit is the first key of the locks Emit takes; the second is Bucket.
+func Emit(schema, outbox string) int32 {
+	return int32(Hash32("outbox-emit:" + schema + "." + outbox))
+}
+
+// Bucket is the second key of the lock Emit takes for an aggregate: its id
+// hashed into buckets keys, which bounds how many locks a batch takes.
+func Bucket(aggregateID [16]byte, buckets int) int32 {
+	return int32(Hash32(string(aggregateID[:])) % uint32(buckets))
+}
+
+// Migration is the key of the lock migrations serialise on: Emit's
+// namespace in the high half, "mig" in the low.
+func Migration(schema, outbox string) int64 {
+	return int64(Emit(schema, outbox))<<32 | 0x6d6967 // "mig"
+}
+
+// CleanupID is the second key of the cleanup lock.
+const CleanupID = 1
+
+// Cleanup is the first key of the cleanup lock, held while one process
+// cleans an outbox; the second is CleanupID.
+func Cleanup(schema, outbox string) int32 {
+	return int32(Hash32("outbox-ops:" + schema + "." + outbox))
+}
+
+// Hash32 is FNV-1a, the hash every key (and the NOTIFY channel) is derived
+// with.
+func Hash32(s string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(s))
+	return h.Sum32()
+}

@@ -1,0 +1,147 @@
+// Package sqltext renders the SQL statements of every package for one
+// outbox's tables. Statements are constants (or embedded .sql files) that
+// name tables and indexes by placeholder, {{outbox}}, {{failures}} and so
+// on; Render fills them with quoted identifiers, once, when the component
+// that runs them is built. Identifiers come only from For, which quotes the
+// names outbox.Tables has validated: nothing from configuration is spliced
+// into SQL raw.
+//
+// Each package lists its statements with Register, so that one test
+// (plan_test.go here) renders every statement of every package and
+// EXPLAINs it against a migrated schema.
+package sqltext
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// Idents are the quoted identifiers statements refer to, for one outbox.
+type Idents struct {
+	Schema    string // {{schema}}
+	Outbox    string // {{outbox}}: the outbox table
+	Processed string // {{processed}}: the consumers' dedupe table
+	Failures  string // {{failures}}: permanent publish failures and holds (migration 2)
+	Parked    string // {{parked}}: rows `outbox events park` took out (migration 4)
+	// Migrations is the bookkeeping table of applied versions.
+	Migrations string // {{migrations}}
+	// Index names, for the migrations that create and drop them.
+	PendingIdx     string // {{pending_idx}}: (id) WHERE dispatched_at IS NULL
+	AggregateIdx   string // {{aggregate_idx}}: dropped by migration 3
+	ProcessedAtIdx string // {{processed_at_idx}}
+}
+
+// For derives every identifier of one outbox from its schema, outbox table
+// and processed table (outbox.Tables with defaults applied and validated).
+// The names of the tables and indexes beside the outbox derive from its
+// name, cut to Postgres' identifier length.
+func For(schema, outbox, processed string) Idents {
+	q := func(name string) string { return pgident.Qualified(schema, trim(name)) }
+	return Idents{
+		Schema:         pgident.Quote(schema),
+		Outbox:         q(outbox),
+		Processed:      q(processed),
+		Failures:       q(outbox + "_failures"),
+		Parked:         q(outbox + "_parked"),
+		Migrations:     q(outbox + "_migrations"),
+		PendingIdx:     pgident.Quote(trim(outbox + "_pending_idx")),
+		AggregateIdx:   pgident.Quote(trim(outbox + "_aggregate_pending_idx")),
+		ProcessedAtIdx: pgident.Quote(trim(processed + "_processed_at_idx")),
+	}
+}
+
+func trim(s string) string {
+	if len(s) > pgident.MaxLen {
+		return s[:pgident.MaxLen]
+	}
+	return s
+}
+
+func (ids Idents) lookup(name string) string {
+	switch name {
+	case "schema":
+		return ids.Schema
+	case "outbox":
+		return ids.Outbox
+	case "processed":
+		return ids.Processed
+	case "failures":
+		return ids.Failures
+	case "parked":
+		return ids.Parked
+	case "migrations":
+		return ids.Migrations
+	case "pending_idx":
+		return ids.PendingIdx
+	case "aggregate_idx":
+		return ids.AggregateIdx
+	case "processed_at_idx":
+		return ids.ProcessedAtIdx
+	}
+	return ""
+}
+
+// Render fills stmt's placeholders with ids. It panics on a placeholder it
+// does not know or an identifier ids lacks (a zero Idents): statements are
+// constants, so that is a bug every test that builds the component finds.
+func Render(stmt string, ids Idents) string {
+	var b strings.Builder
+	b.Grow(len(stmt) + 256)
+	for {
+		i := strings.Index(stmt, "{{")
+		if i < 0 {
+			b.WriteString(stmt)
+			return b.String()
+		}
+		j := strings.Index(stmt[i:], "}}")
+		if j < 0 {
+			panic(fmt.Sprintf("sqltext: unclosed placeholder at %q", stmt[i:min(len(stmt), i+40)]))
+		}
+		name := stmt[i+2 : i+j]
+		v := ids.lookup(name)
+		if v == "" {
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx)", name))
+		}
+		b.WriteString(stmt[:i])
+		b.WriteString(v)
+		stmt = stmt[i+j+2:]
+	}
+}
+
+// Statement is one named statement of a package, before rendering.
+type Statement struct {
+	// Name is "package.constant", e.g. "relay.claimSQL".
+	Name string
+	// SQL has placeholders for Render.
+	SQL string
+}
+
+var (
+	mu         sync.Mutex
+	statements []Statement
+)
+
+// Register lists a package's statements for the tests that render and
+// EXPLAIN all of them. Call it once per package, from a package-level var
+// in its sql.go, beside the constants.
+func Register(pkg string, stmts map[string]string) struct{} {
+	mu.Lock()
+	defer mu.Unlock()
+	for name, sql := range stmts {
+		statements = append(statements, Statement{Name: pkg + "." + name, SQL: sql})
+	}
+	return struct{}{}
+}
+
+// Registered returns every registered statement, sorted by name.
+func Registered() []Statement {
+	mu.Lock()
+	defer mu.Unlock()
+	out := slices.Clone(statements)
+	slices.SortFunc(out, func(a, b Statement) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}

@@ -1,0 +1,37 @@
+package sqltext_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox/internal/sqltext"
+)
+
+func TestRenderFillsEveryPlaceholder(t *testing.T) {
+	t.Parallel()
+	ids := sqltext.For("plan_x", "orders_outbox", "orders_seen")
+	got := sqltext.Render(`SELECT 1 FROM {{outbox}} o JOIN {{failures}} f ON f.event_id = o.id, {{parked}}, {{processed}}, {{migrations}} -- {{schema}} {{pending_idx}} {{aggregate_idx}} {{processed_at_idx}}`, ids)
+	require.Equal(t, `SELECT 1 FROM "plan_x"."orders_outbox" o JOIN "plan_x"."orders_outbox_failures" f ON f.event_id = o.id, "plan_x"."orders_outbox_parked", "plan_x"."orders_seen", "plan_x"."orders_outbox_migrations" -- "plan_x" "orders_outbox_pending_idx" "orders_outbox_aggregate_pending_idx" "orders_seen_processed_at_idx"`, got)
+}
+
+func TestRenderPanicsOnWhatItCannotFill(t *testing.T) {
+	t.Parallel()
+	ids := sqltext.For("public", "events_outbox", "processed_events")
+	require.PanicsWithValue(t, "sqltext: no identifier for placeholder {{table}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx)",
+		func() { sqltext.Render(`SELECT 1 FROM {{table}}`, ids) })
+	require.Panics(t, func() { sqltext.Render(`SELECT 1 FROM {{outbox`, ids) }, "unclosed")
+	require.Panics(t, func() { sqltext.Render(`SELECT 1 FROM {{outbox}}`, sqltext.Idents{}) }, "zero Idents")
+}
+
+// Derived names are cut to Postgres' 63 bytes, as the server would cut
+// them (silently): the SQL names what the server creates.
+func TestForCutsDerivedNames(t *testing.T) {
+	t.Parallel()
+	long := "o234567890123456789012345678901234567890" // 40 bytes, as Tables.Validate allows
+	ids := sqltext.For("s", long, "p")
+	require.Equal(t, `"s"."`+long+`_failures"`, ids.Failures)
+	processed := "p2345678901234567890123456789012345678901234567890" // 50 bytes
+	ids = sqltext.For("s", "x", processed)
+	require.Equal(t, `"`+processed+`_processed_at"`, ids.ProcessedAtIdx)
+}

@@ -1,0 +1,85 @@
+package outbox
+
+import "github.com/pgoutbox/outbox/internal/sqltext"
+
+// Emit's statements insert into the outbox table only: no index is read,
+// and each row costs two index inserts (the primary key and the pending
+// index (id) WHERE dispatched_at IS NULL, both at the right-hand end).
+// NewProducer renders them once; Emit picks one by whether it locks and
+// whether it notifies.
+//
+// The batch insert is one statement so a batch costs one round trip:
+//
+//  1. the advisory locks, one per aggregate bucket, in ascending key order
+//     (so two batches cannot deadlock on each other), are taken in an
+//     InitPlan that runs before the first row is produced, hence before any
+//     id is drawn from the sequence: a second emitter on the same aggregate
+//     waits here until the first commits, and then draws a larger id. That
+//     makes id order equal commit order per aggregate;
+//  2. rows are inserted in input order (ORDER BY ord; volatile defaults such
+//     as nextval are evaluated after the sort), so ids ascend with the input;
+//  3. pg_notify is delivered at commit only, and Postgres folds identical
+//     notifications of one transaction into one.
+//
+// Parameters are arrays, which keeps the statement text fixed (one prepared
+// statement whatever the batch size) and works through database/sql drivers
+// that only send text. $1 the lock namespace, $2 the sorted lock keys (empty
+// with the lock off), $3 aggregates, $4 types, $5 payloads, $6 headers (""
+// for none), $7 the notification channel.
+const (
+	insertBatchSQL = `WITH locked AS MATERIALIZED (
+  SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) WITH ORDINALITY AS l(k, n) ORDER BY n
+)
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers)
+SELECT e.aggregate_id, e.type, e.payload::jsonb, NULLIF(e.headers, '')::jsonb
+FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, ord)
+WHERE (SELECT count(*) FROM locked) >= 0
+ORDER BY e.ord
+RETURNING id`
+
+	insertBatchNotifySQL = `WITH locked AS MATERIALIZED (
+  SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) WITH ORDINALITY AS l(k, n) ORDER BY n
+), notified AS MATERIALIZED (SELECT pg_notify($7::text, ''))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers)
+SELECT e.aggregate_id, e.type, e.payload::jsonb, NULLIF(e.headers, '')::jsonb
+FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, ord)
+WHERE (SELECT count(*) FROM locked) >= 0 AND (SELECT count(*) FROM notified) >= 0
+ORDER BY e.ord
+RETURNING id`
+)
+
+// A single event takes the batch's steps without the arrays, which costs
+// less per transaction (BENCHMARKS.md). Parameters: $1 aggregate, $2 type,
+// $3 payload, $4 headers ("" for none), then the lock's namespace and key,
+// then the notification channel, each when used.
+const (
+	insertOneSQL = `INSERT INTO {{outbox}} (aggregate_id, type, payload, headers)
+SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb
+RETURNING id`
+
+	insertOneLockSQL = `WITH pre AS MATERIALIZED (SELECT pg_advisory_xact_lock($5::int4, $6::int4))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers)
+SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb FROM pre
+RETURNING id`
+
+	insertOneNotifySQL = `WITH pre AS MATERIALIZED (SELECT pg_notify($5::text, ''))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers)
+SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb FROM pre
+RETURNING id`
+
+	insertOneLockNotifySQL = `WITH pre AS MATERIALIZED (SELECT pg_advisory_xact_lock($5::int4, $6::int4), pg_notify($7::text, ''))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers)
+SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb FROM pre
+RETURNING id`
+)
+
+var _ = sqltext.Register("outbox", map[string]string{
+	"insertBatchSQL": insertBatchSQL, "insertBatchNotifySQL": insertBatchNotifySQL,
+	"insertOneSQL": insertOneSQL, "insertOneLockSQL": insertOneLockSQL,
+	"insertOneNotifySQL": insertOneNotifySQL, "insertOneLockNotifySQL": insertOneLockNotifySQL,
+})
+
+// idents are the quoted names of t's tables and indexes (t with defaults).
+func idents(t Tables) sqltext.Idents {
+	return sqltext.For(t.Schema, t.Outbox, t.Processed)
+}
