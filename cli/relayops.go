@@ -20,7 +20,7 @@ import (
 // relayOps is what `outbox relay` runs beside the relayer (ops.Monitor):
 // metrics, /healthz and /readyz over --http, the gauges' refresh, the
 // periodic watchdog, the recording of publish failures, retention cleanup.
-// relay.go calls register, instrument and start.
+// relay.go calls register, instrument (before relay.New) and start.
 type relayOps struct {
 	httpAddr           string
 	cfg                ops.MonitorConfig
@@ -45,9 +45,9 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.cfg.Cleanup.Pause, "cleanup-pause", ops.DefaultCleanupPause, "pause between cleanup batches")
 }
 
-// instrument checks the flags, builds the monitor and hooks it into cfg: a
-// counting decorator around cfg.Publisher and an OnBatch hook. cfg.Pool,
-// Tables, Logger and Publisher must be set; client is pinged by /readyz.
+// instrument checks the flags, builds the monitor and adds its metrics to
+// cfg.Hooks. cfg.Pool, Tables and Logger must be set; client is pinged by
+// /readyz.
 func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	if o.httpAddr != "" {
 		addr, err := loopbackDefault(o.httpAddr)
@@ -83,16 +83,14 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	if err != nil {
 		return err
 	}
-	mon.Instrument(cfg)
+	cfg.Hooks = append(cfg.Hooks, mon.Metrics())
 	o.mon = mon
 	return nil
 }
 
-// start attaches the relayer, starts the periodic jobs and, with --http,
-// the HTTP server. stop ends them; call it after the relayer stopped, so
+// start starts the periodic jobs and, with --http, the HTTP server. stop ends them; call it after the relayer stopped, so
 // that /metrics answers until the end.
 func (o *relayOps) start(ctx context.Context, r *relay.Relayer) (stop func(), err error) {
-	o.mon.Attach(r)
 	var srv *http.Server
 	var ln net.Listener
 	if o.httpAddr != "" {

@@ -1,9 +1,9 @@
 // Package ops keeps an outbox visible and small: the figures behind
 // `outbox stats` (ReadStats, ReadLag), the watchdog for stuck rows and the
 // lag SLO (Check), retention cleanup (Cleanup), the relay's Prometheus
-// metrics with a Publisher decorator that counts by topic and error reason
-// (Metrics), and a Monitor that runs all of that beside a relayer, with
-// /metrics, /healthz and /readyz.
+// metrics, a relay.Hook that counts by topic and error reason (Metrics),
+// and a Monitor that runs all of that beside a relayer, with /metrics,
+// /healthz and /readyz.
 //
 // The smallest check, for cron or a probe:
 //
@@ -13,6 +13,6 @@
 //	}
 //
 // Why a row is stuck is known to the relay process that failed to publish
-// it; a Monitor attached to the relayer records each permanent failure in
-// the <outbox>_failures table (migration 2), where Check finds it.
+// it; the relayer records each permanent failure in the <outbox>_failures
+// table (migration 2), where Check finds it.
 package ops

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -19,9 +17,11 @@ import (
 
 // Metrics are a relay process's Prometheus metrics, on a registry of their
 // own (not the global one), so that several relayers, or parallel tests,
-// each have theirs. Feed them with Publisher (per-topic and per-reason
-// counts), ObserveBatch (the relayer's OnBatch), ObserveRelayer, SetLag and
-// ObserveCleanup; a Monitor does all of that.
+// each have theirs. They are a relay.Hook: pass them in the relayer's
+// Config.Hooks and they count its batches, publish failures and holds.
+// SetLag and ObserveCleanup feed the rest; a Monitor does that.
+//
+//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, Hooks: []relay.Hook{mon.Metrics()}})
 type Metrics struct {
 	reg *prometheus.Registry
 
@@ -37,22 +37,18 @@ type Metrics struct {
 	holds                                  *prometheus.CounterVec
 	refreshErrors                          prometheus.Counter
 
+	batches, failedBatches prometheus.Counter
+
 	cleanupDeleted *prometheus.CounterVec
 	cleanupLast    prometheus.Gauge
-
-	mu        sync.Mutex
-	decorated bool
-	last      publishRecord // the latest Publish call, for ObserveBatch
 }
 
-// publishRecord is what the Publisher decorator learnt from one Publish
-// call: the rows the relayer will mark dispatched, by topic, and how many
-// permanent errors the broker returned.
-type publishRecord struct {
-	at        time.Time
-	byTopic   map[string]int
-	permanent int
-}
+// Metrics observe every batch, failure and failed batch of a relayer.
+var (
+	_ relay.BatchHook          = (*Metrics)(nil)
+	_ relay.PublishFailureHook = (*Metrics)(nil)
+	_ relay.BatchErrorHook     = (*Metrics)(nil)
+)
 
 // Label values of outbox_publish_errors_total that are not Kafka error
 // names.
@@ -66,7 +62,6 @@ const (
 	codeClientClosed    = "client_closed"
 	codeBufferFull      = "buffer_full"
 	codeOther           = "other"
-	codeUnknown         = "unknown" // OnBatch counts without the decorator
 )
 
 // NewMetrics builds the metrics on a fresh registry, with the Go runtime
@@ -120,6 +115,14 @@ func NewMetrics() *Metrics {
 		Name: "outbox_stats_refresh_errors_total",
 		Help: "Failed reads of the pending/lag/stuck gauges; while they fail the gauges keep their last value.",
 	})).(prometheus.Counter)
+	m.batches = f(prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outbox_batches_total",
+		Help: "Batches this relayer committed.",
+	})).(prometheus.Counter)
+	m.failedBatches = f(prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "outbox_failed_batches_total",
+		Help: "Batches that failed and were retried after a backoff (broker or database unreachable).",
+	})).(prometheus.Counter)
 	m.cleanupDeleted = f(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outbox_cleanup_deleted_rows_total",
 		Help: "Rows deleted by retention cleanup, by table (outbox, processed).",
@@ -137,56 +140,22 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-// Publisher wraps p so that every publish is counted: dispatched events by
-// topic, errors by kind and code. Use it as the relayer's Publisher and
-// feed ObserveBatch from the relayer's OnBatch.
-func (m *Metrics) Publisher(p relay.Publisher) relay.Publisher {
-	m.mu.Lock()
-	m.decorated = true
-	m.mu.Unlock()
-	return &countingPublisher{next: p, m: m}
+// OnPublishFailure counts a row that failed, by kind (permanent,
+// transient) and code; it is a relay.PublishFailureHook.
+func (m *Metrics) OnPublishFailure(f relay.PublishFailure) {
+	kind := "transient"
+	if relay.IsPermanent(f.Err) {
+		kind = "permanent"
+	}
+	code := CodeRejectedByRelay
+	if !f.Refused {
+		code = errorCode(f.Err)
+	}
+	m.publishErrors.WithLabelValues(kind, code).Inc()
 }
 
-type countingPublisher struct {
-	next relay.Publisher
-	m    *Metrics
-}
-
-func (p *countingPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
-	errs := p.next.Publish(ctx, msgs)
-	if len(errs) != len(msgs) {
-		return errs // the relayer fails the batch
-	}
-	// The relayer marks, per aggregate, the acknowledged prefix only, and
-	// counts a failure against the aggregate's first failed row only (the
-	// rows behind it, sent or not, are deferred); rows it never sent
-	// (refused, or behind a refused row) are not in msgs. Replaying its rule
-	// here gives exactly the rows it will mark and the failures it sees.
-	rec := publishRecord{byTopic: map[string]int{}}
-	failed := map[uuid.UUID]bool{}
-	for i, msg := range msgs {
-		err := errs[i]
-		if failed[msg.AggregateID] {
-			continue
-		}
-		if err == nil {
-			rec.byTopic[msg.Topic]++
-			continue
-		}
-		failed[msg.AggregateID] = true
-		kind := "transient"
-		if relay.IsPermanent(err) {
-			kind = "permanent"
-			rec.permanent++
-		}
-		p.m.publishErrors.WithLabelValues(kind, errorCode(err)).Inc()
-	}
-	rec.at = time.Now()
-	p.m.mu.Lock()
-	p.m.last = rec
-	p.m.mu.Unlock()
-	return errs
-}
+// OnBatchError counts a failed batch; it is a relay.BatchErrorHook.
+func (m *Metrics) OnBatchError(error) { m.failedBatches.Inc() }
 
 // errorCode names a publish error for the code label: the Kafka protocol
 // error name when the broker sent one (MESSAGE_TOO_LARGE, ...), else a
@@ -210,49 +179,12 @@ func errorCode(err error) string {
 	return codeOther
 }
 
-// ObserveBatch records one batch; use it as (or call it from) the
-// relayer's OnBatch.
-func (m *Metrics) ObserveBatch(res relay.BatchResult) {
-	// The relayer calls Publish, then OnBatch, on one goroutine. A publish
-	// record belongs to this batch only if it was made after the batch
-	// began: one left over from a batch that failed to commit (and so had
-	// no OnBatch) is stale.
-	began := time.Now().Add(-res.Duration)
-	m.mu.Lock()
-	rec, decorated := m.last, m.decorated
-	m.last = publishRecord{}
-	m.mu.Unlock()
-	fresh := !rec.at.IsZero() && !rec.at.Before(began)
-
-	counted := 0
-	if fresh {
-		for topic, n := range rec.byTopic {
-			m.dispatched.WithLabelValues(topic).Add(float64(n))
-			counted += n
-		}
-	}
-	if rest := res.Dispatched - counted; rest > 0 {
-		m.dispatched.WithLabelValues(codeUnknown).Add(float64(rest))
-	}
-	switch {
-	case !decorated:
-		// Without the decorator the reasons are unknown; count the kinds.
-		if res.Permanent > 0 {
-			m.publishErrors.WithLabelValues("permanent", codeUnknown).Add(float64(res.Permanent))
-		}
-		if res.Transient > 0 {
-			m.publishErrors.WithLabelValues("transient", codeUnknown).Add(float64(res.Transient))
-		}
-	default:
-		// Permanent failures the broker did not report were the relayer's
-		// own refusals, made before sending.
-		local := res.Permanent
-		if fresh {
-			local -= rec.permanent
-		}
-		if local > 0 {
-			m.publishErrors.WithLabelValues("permanent", CodeRejectedByRelay).Add(float64(local))
-		}
+// OnBatch records a committed batch: its rows dispatched by topic, its
+// holds, its size, duration and latencies. It is a relay.BatchHook.
+func (m *Metrics) OnBatch(res relay.BatchResult) {
+	m.batches.Inc()
+	for topic, n := range res.DispatchedByTopic {
+		m.dispatched.WithLabelValues(topic).Add(float64(n))
 	}
 	for _, h := range res.Holds {
 		m.holds.WithLabelValues(h.Reason).Inc()
@@ -262,21 +194,6 @@ func (m *Metrics) ObserveBatch(res relay.BatchResult) {
 	for _, l := range res.Latencies {
 		m.latency.Observe(l.Seconds())
 	}
-}
-
-// ObserveRelayer adds metrics read from the relayer on each scrape: its
-// batch counters. Call it once per Metrics.
-func (m *Metrics) ObserveRelayer(r *relay.Relayer) {
-	m.reg.MustRegister(
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "outbox_batches_total",
-			Help: "Batches this relayer committed.",
-		}, func() float64 { return float64(r.Stats().Batches) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "outbox_failed_batches_total",
-			Help: "Batches that failed and were retried after a backoff (broker or database unreachable).",
-		}, func() float64 { return float64(r.Stats().FailedBatches) }),
-	)
 }
 
 // SetLag sets the pending, stuck and lag gauges, and the SLO flag.

@@ -19,7 +19,7 @@ import (
 	"github.com/pgoutbox/outbox/relay"
 )
 
-// Must-show 2: /metrics of a monitor attached to a real relayer shows the
+// Must-show 2: /metrics of a monitor hooked into a real relayer shows the
 // listed metrics, and they move as load goes through: the backlog gauges
 // rise and fall back to 0, the dispatched counter counts every event by
 // topic (and agrees with the relayer), latency and batch histograms fill,
@@ -35,10 +35,9 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 
 	rcfg := b.relayConfig(t, cl)
 	rcfg.HoldOut = 300 * time.Millisecond
-	mon.Instrument(&rcfg)
+	rcfg.Hooks = []relay.Hook{mon.Metrics()}
 	r, err := relay.New(rcfg)
 	require.NoError(t, err)
-	mon.Attach(r)
 	start(t, mon.Run)
 
 	// A backlog before the relayer runs: the gauges see it.

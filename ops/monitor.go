@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/relay"
 )
 
 // Monitor defaults, applied by NewMonitor and used by `outbox relay`'s
@@ -79,9 +78,7 @@ type ReadyCheck struct {
 // them.)
 //
 //	mon, _ := ops.NewMonitor(ops.MonitorConfig{Pool: pool, Tables: tables})
-//	mon.Instrument(&relayCfg) // after setting relayCfg.Publisher
-//	r, _ := relay.New(relayCfg)
-//	mon.Attach(r)
+//	r, _ := relay.New(relay.Config{Pool: pool, Tables: tables, Publisher: pub, Hooks: []relay.Hook{mon.Metrics()}})
 //	go mon.Run(ctx)
 //	http.ListenAndServe("127.0.0.1:9090", mon.Handler())
 type Monitor struct {
@@ -134,30 +131,9 @@ func NewMonitor(cfg MonitorConfig) (*Monitor, error) {
 	return &Monitor{cfg: cfg, metrics: NewMetrics(), log: cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())}, nil
 }
 
-// Metrics returns the monitor's metrics.
+// Metrics returns the monitor's metrics: pass them to the relayer's
+// Config.Hooks.
 func (m *Monitor) Metrics() *Metrics { return m.metrics }
-
-// Instrument wraps rc.Publisher with the metrics' counting decorator and
-// chains rc.OnBatch (an existing hook still runs). Call it after setting
-// rc.Publisher and before relay.New.
-func (m *Monitor) Instrument(rc *relay.Config) {
-	if rc.Publisher != nil {
-		rc.Publisher = m.metrics.Publisher(rc.Publisher)
-	}
-	prev := rc.OnBatch
-	rc.OnBatch = func(res relay.BatchResult) {
-		m.metrics.ObserveBatch(res)
-		if prev != nil {
-			prev(res)
-		}
-	}
-}
-
-// Attach adds the relayer's own batch counters to the metrics. Call it
-// once, before Run.
-func (m *Monitor) Attach(r *relay.Relayer) {
-	m.metrics.ObserveRelayer(r)
-}
 
 // Run runs the periodic jobs until ctx is cancelled. Failures are logged
 // and retried at the next tick; Run never gives up.

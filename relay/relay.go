@@ -120,8 +120,14 @@ type Config struct {
 	SkipSchemaCheck bool
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Hooks observe the relayer: each implements one or more of
+	// BatchHook, PublishFailureHook and BatchErrorHook (ops.Metrics
+	// implements them all). They are called in this order. Defaults to
+	// none.
+	Hooks []Hook
 	// OnBatch, if set, is called after every batch that claimed rows, one
-	// batch at a time, in order. Keep it fast.
+	// batch at a time, in order, after Hooks: a BatchHook as a function.
+	// Keep it fast. Defaults to nil.
 	OnBatch func(BatchResult)
 }
 
@@ -133,6 +139,8 @@ type BatchResult struct {
 	Locked, Claimed int
 	// Dispatched rows the broker acknowledged and were marked.
 	Dispatched int
+	// DispatchedByTopic splits Dispatched by topic; nil when none was.
+	DispatchedByTopic map[string]int
 	// Permanent failures (held out), Transient failures (retried).
 	Permanent, Transient int
 	// Holds are the rows this batch held out, one per failed aggregate:
@@ -177,6 +185,7 @@ type Relayer struct {
 	claimSQL  string
 	unmarkSQL string
 	holdSQL   string
+	hooks     hooks
 	wake      chan struct{}
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
@@ -246,8 +255,13 @@ func New(cfg Config) (*Relayer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	h, err := newHooks(cfg)
+	if err != nil {
+		return nil, err
+	}
 	return &Relayer{
 		cfg:       cfg,
+		hooks:     h,
 		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
 		claimSQL:  render(claimSQL, cfg.Tables),
 		unmarkSQL: render(unmarkSQL, cfg.Tables),
@@ -307,24 +321,13 @@ func (r *Relayer) Run(ctx context.Context) error {
 			next.abandon(batchCtx)
 		}
 	}()
-	failures := 0
-	// busy is the wait before the next follow-up claim after rows were
-	// found (BusyPollInterval, doubling while claims find nothing); 0 when
-	// idle.
-	var busy time.Duration
-	// futile counts claims in a row whose every row waited behind another
-	// relayer; while it is not 0, claims are probes of probeSize rows.
-	futile := 0
+	pace := newPacer(r.cfg)
 	for ctx.Err() == nil {
 		cur := next
 		next = nil
 		var err error
 		if cur == nil {
-			size := r.cfg.BatchSize
-			if futile > 0 {
-				size = min(size, probeSize)
-			}
-			cur, err = r.claimBatch(batchCtx, size, nil)
+			cur, err = r.claimBatch(batchCtx, pace.claimSize(), nil)
 		}
 		var res BatchResult
 		full := false
@@ -336,53 +339,32 @@ func (r *Relayer) Run(ctx context.Context) error {
 			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 				return nil
 			}
-			failures++
 			r.failedBatches.Add(1)
-			d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
-			r.log.Warn("relay batch failed; backing off", "err", err, "attempt", failures, "retry_in", d.Round(time.Millisecond))
+			r.hooks.onBatchError(err)
+			attempt, d := pace.afterError()
+			r.log.Warn("relay batch failed; backing off", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
 			if !backoff.Sleep(ctx, d) {
 				return nil
 			}
 			continue
 		}
-		failures = 0
-		switch {
-		case res.Claimed > 0:
-			busy, futile = r.cfg.BusyPollInterval, 0
-		case busy > 0:
-			busy *= 2
-		}
-		switch {
-		case next != nil, full && res.Claimed > 0:
-			continue // more waiting: loop at once
-		case res.Locked > 0 && res.Claimed == 0:
-			// Everything we could lock waits behind rows another relayer
-			// is publishing. Such a claim is not only futile: while it
-			// holds its candidates, the other relayer's next claim must
-			// skip them and then finds its own aggregates gapped. So back
-			// off (5 ms, doubling to 100 ms) and probe with small claims
-			// until one finds rows of its own again.
-			futile++
-			if !backoff.Sleep(ctx, backoff.Delay(5*time.Millisecond, 100*time.Millisecond, futile)) {
+		switch action, wait := pace.afterBatch(res, full, next != nil); action {
+		case claimNow:
+		case probeLater:
+			if !backoff.Sleep(ctx, wait) {
 				return nil
 			}
-			continue
-		}
-		wait := r.cfg.PollInterval
-		if busy > 0 && busy < wait {
-			wait = busy
-		} else {
-			busy = 0
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
+		case pollLater:
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil
+			case <-r.wake:
+			case <-timer.C:
+			}
 			timer.Stop()
-			return nil
-		case <-r.wake:
-		case <-timer.C:
 		}
-		timer.Stop()
 	}
 	return nil
 }
@@ -392,7 +374,9 @@ type claimed struct {
 	tx   pgx.Tx
 	msgs []Message
 	// bad are the rows the claim could not decode, by id.
-	bad          map[int64]error
+	bad map[int64]error
+	// refused are the rows publish failed before sending, by id.
+	refused      map[int64]bool
 	size, locked int // rows asked for, rows locked
 	start        time.Time
 }
@@ -472,7 +456,8 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 		return res, err
 	}
 	ackedAt := time.Now()
-	unmark, holds, firstTransient := r.settle(msgs, errs, ackedAt, &res)
+	unmark, holds, failed, firstTransient := r.settle(msgs, errs, ackedAt, &res)
+	r.hooks.onFailures(c, errs, failed)
 	if len(unmark) > 0 {
 		if _, err := tx.Exec(ctx, r.unmarkSQL, unmark); err != nil {
 			return res, fmt.Errorf("return %d unacknowledged rows to pending: %w", len(unmark), err)
@@ -501,9 +486,7 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	r.dispatched.Add(int64(res.Dispatched))
 	r.permanent.Add(int64(res.Permanent))
 	r.transient.Add(int64(res.Transient))
-	if r.cfg.OnBatch != nil {
-		r.cfg.OnBatch(res)
-	}
+	r.hooks.onBatch(res)
 	if firstTransient != nil {
 		return res, fmt.Errorf("publish: %d of %d rows not acknowledged: %w", res.Transient, len(msgs), firstTransient)
 	}
@@ -512,8 +495,9 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 
 // publish sends the rows of c that can be sent and returns one error per
 // row. A row that cannot be published (the claim could not decode it, or
-// its type routes to no topic) fails before sending, and the rows of its
-// aggregate after it are not sent either, so nothing overtakes it.
+// its type routes to no topic) fails before sending (c.refused), and the
+// rows of its aggregate after it are not sent either, so nothing overtakes
+// it.
 func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 	msgs := c.msgs
 	errs := make([]error, len(msgs))
@@ -533,6 +517,10 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 		}
 		if err != nil {
 			errs[i] = err
+			if c.refused == nil {
+				c.refused = map[int64]bool{}
+			}
+			c.refused[m.ID] = true
 			if blocked == nil {
 				blocked = map[uuid.UUID]bool{}
 			}
@@ -556,18 +544,22 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 }
 
 // settle applies the publish results to res and says which rows go back to
-// pending and which are held. Per aggregate, only the acknowledged prefix
+// pending, which are held and which count as failures (by index). Per aggregate, only the acknowledged prefix
 // is marked: a row acknowledged after a failed row of its aggregate stays
 // pending and is sent again after it (at-least-once), rather than being
 // marked out of order. The failure belongs to the aggregate's first failed
 // row; the rows behind it are deferred, whatever their own result, and
 // never recorded as failures themselves.
-func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *BatchResult) (unmark []int64, holds []Hold, firstTransient error) {
+func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *BatchResult) (unmark []int64, holds []Hold, failures []int, firstTransient error) {
 	var failed map[uuid.UUID]bool
 	for i, m := range msgs {
 		err := errs[i]
 		if err == nil && !failed[m.AggregateID] {
 			res.Dispatched++
+			if res.DispatchedByTopic == nil {
+				res.DispatchedByTopic = map[string]int{}
+			}
+			res.DispatchedByTopic[m.Topic]++
 			res.Latencies = append(res.Latencies, ackedAt.Sub(m.CreatedAt))
 			continue
 		}
@@ -580,6 +572,7 @@ func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *B
 			failed = map[uuid.UUID]bool{}
 		}
 		failed[m.AggregateID] = true
+		failures = append(failures, i)
 		if IsPermanent(err) {
 			res.Permanent++
 			holds = append(holds, Hold{EventID: m.ID, AggregateID: m.AggregateID, Type: m.Type, Reason: ReasonOf(err), Err: truncate(err.Error(), maxErrorLen)})
@@ -590,7 +583,7 @@ func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *B
 			firstTransient = err
 		}
 	}
-	return unmark, holds, firstTransient
+	return unmark, holds, failures, firstTransient
 }
 
 // recordHolds writes holds into the failures table within the batch's
