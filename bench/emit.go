@@ -74,23 +74,8 @@ func runEmit(ctx context.Context, s *session) (*Result, error) {
 	res.param("window", "%d rounds of %s per variant, variants interleaved; the median round is reported", rounds, window)
 	res.param("transaction", "BEGIN; INSERT INTO orders; [Emit order.placed, ~200-byte JSON payload]; COMMIT (QueueEmit: BEGIN; [INSERT + QueueEmit in one pgx.Batch]; COMMIT)")
 
-	tables := e.tables
-	variants := []emitVariant{
-		{key: "none", name: "orders insert only (no Emit)"},
-		{key: "emit", name: "+ Emit (defaults: NOTIFY at most every 10 ms, aggregate lock on)", events: 1, cfg: outbox.Config{Tables: tables}},
-		{key: "queue", name: "+ QueueEmit, sent with the INSERT in one pgx.Batch (defaults)", events: 1, queue: true, cfg: outbox.Config{Tables: tables}},
-		{key: "emit_notify_every", name: "+ Emit, NOTIFY on every transaction", events: 1, cfg: outbox.Config{Tables: tables, NotifyInterval: -1}},
-		{key: "emit_nonotify", name: "+ Emit, NOTIFY off", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true}},
-		{key: "emit_nonotify_nolock", name: "+ Emit, NOTIFY off, aggregate lock off", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true, DisableAggregateLock: true}},
-		{key: "emit10", name: "+ 10 x Emit", events: 10, cfg: outbox.Config{Tables: tables}},
-		{key: "emitbatch10", name: "+ EmitBatch of 10", events: 10, batch: true, cfg: outbox.Config{Tables: tables}},
-	}
-	type sample struct {
-		txs, events int64
-		dur         time.Duration
-		lat         []time.Duration
-	}
-	samples := make([][]sample, len(variants))
+	variants := emitVariants(e.tables)
+	samples := make([][]emitSample, len(variants))
 	producers := make([]*outbox.Producer, len(variants))
 	for i, v := range variants {
 		if v.events > 0 {
@@ -103,63 +88,106 @@ func runEmit(ctx context.Context, s *session) (*Result, error) {
 	for round := range rounds {
 		for i, v := range variants {
 			s.progress("emit: round %d/%d: %s", round+1, rounds, v.name)
-			txs, lat, elapsed, err := runEmitters(ctx, e, cfg.Writers, window, func(ctx context.Context, tx pgx.Tx, n int) error {
-				o := newOrder(n)
-				p := producers[i]
-				if v.queue {
-					batch := &pgx.Batch{}
-					batch.Queue(insertOrderSQL, o.OrderID, o.CustomerID, o.TotalCents, o.Currency)
-					if _, err := p.QueueEmit(batch, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
-						return err
-					}
-					return tx.SendBatch(ctx, batch).Close()
-				}
-				if _, err := tx.Exec(ctx, insertOrderSQL, o.OrderID, o.CustomerID, o.TotalCents, o.Currency); err != nil {
-					return err
-				}
-				switch {
-				case v.events == 0:
-					return nil
-				case v.batch:
-					evs := make([]outbox.Event, v.events)
-					for k := range evs {
-						evs[k] = outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}
-					}
-					_, err := p.EmitBatch(ctx, tx, evs)
-					return err
-				}
-				for range v.events {
-					if _, err := p.Emit(ctx, tx, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			txs, lat, elapsed, err := runEmitters(ctx, e, cfg.Writers, window, emitTx(producers[i], v))
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", v.name, err)
 			}
-			samples[i] = append(samples[i], sample{txs: txs, events: txs * int64(v.events), dur: elapsed, lat: lat})
+			samples[i] = append(samples[i], emitSample{txs: txs, events: txs * int64(v.events), dur: elapsed, lat: lat})
 			totalTx += txs
 			totalEvents += txs * int64(v.events)
 		}
 	}
-
-	// Every committed transaction left its order and its events; nothing
-	// else is there.
-	var orders int64
-	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&orders); err != nil {
+	if err := checkEmitted(ctx, e, totalTx, totalEvents); err != nil {
 		return nil, err
-	}
-	events, err := e.count(ctx, "true")
-	if err != nil {
-		return nil, err
-	}
-	if orders != totalTx || events != totalEvents {
-		return nil, fmt.Errorf("committed %d transactions with %d events, but the tables hold %d orders and %d events", totalTx, totalEvents, orders, events)
 	}
 	res.metric("emit.transactions", float64(totalTx))
 	res.metric("emit.events", float64(totalEvents))
+	emitTable(res, variants, samples)
+	r, q := res.Metrics["emit.emit.ratio"], res.Metrics["emit.queue.ratio"]
+	res.target("emit cost", ">= 0.80x tx/s of the same tx without Emit",
+		fmt.Sprintf("%.2fx with Emit (a round trip of its own), %.2fx with QueueEmit (none); NOTIFY on every transaction: %.2fx", r, q, res.Metrics["emit.emit_notify_every.ratio"]), max(r, q) >= 0.8)
+	res.note("commits wait for the WAL flush (fsync=%s, synchronous_commit=%s, wal_sync_method=%s); concurrent commits share a flush (group commit) unless they NOTIFY: Postgres holds a database-wide lock from a notifying transaction's pre-commit until its commit is flushed, so notifying commits flush one at a time, which is why a Producer notifies at most once per NotifyInterval",
+		setting(ctx, e, "fsync"), setting(ctx, e, "synchronous_commit"), setting(ctx, e, "wal_sync_method"))
+	return res, nil
+}
 
+// emitVariants are the shapes of business transaction the emit scenario
+// compares, the first without Emit: the base of the ratios.
+func emitVariants(tables outbox.Tables) []emitVariant {
+	return []emitVariant{
+		{key: "none", name: "orders insert only (no Emit)"},
+		{key: "emit", name: "+ Emit (defaults: NOTIFY at most every 10 ms, aggregate lock on)", events: 1, cfg: outbox.Config{Tables: tables}},
+		{key: "queue", name: "+ QueueEmit, sent with the INSERT in one pgx.Batch (defaults)", events: 1, queue: true, cfg: outbox.Config{Tables: tables}},
+		{key: "emit_notify_every", name: "+ Emit, NOTIFY on every transaction", events: 1, cfg: outbox.Config{Tables: tables, NotifyInterval: -1}},
+		{key: "emit_nonotify", name: "+ Emit, NOTIFY off", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true}},
+		{key: "emit_nonotify_nolock", name: "+ Emit, NOTIFY off, aggregate lock off", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true, DisableAggregateLock: true}},
+		{key: "emit10", name: "+ 10 x Emit", events: 10, cfg: outbox.Config{Tables: tables}},
+		{key: "emitbatch10", name: "+ EmitBatch of 10", events: 10, batch: true, cfg: outbox.Config{Tables: tables}},
+	}
+}
+
+// emitSample is one round of one variant.
+type emitSample struct {
+	txs, events int64
+	dur         time.Duration
+	lat         []time.Duration
+}
+
+// emitTx is the business transaction of variant v, emitting through p (nil
+// when v emits nothing).
+func emitTx(p *outbox.Producer, v emitVariant) func(ctx context.Context, tx pgx.Tx, n int) error {
+	return func(ctx context.Context, tx pgx.Tx, n int) error {
+		o := newOrder(n)
+		if v.queue {
+			batch := &pgx.Batch{}
+			batch.Queue(insertOrderSQL, o.OrderID, o.CustomerID, o.TotalCents, o.Currency)
+			if _, err := p.QueueEmit(batch, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, batch).Close()
+		}
+		if _, err := tx.Exec(ctx, insertOrderSQL, o.OrderID, o.CustomerID, o.TotalCents, o.Currency); err != nil {
+			return err
+		}
+		switch {
+		case v.events == 0:
+			return nil
+		case v.batch:
+			evs := make([]outbox.Event, v.events)
+			for k := range evs {
+				evs[k] = outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}
+			}
+			_, err := p.EmitBatch(ctx, tx, evs)
+			return err
+		}
+		for range v.events {
+			if _, err := p.Emit(ctx, tx, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// checkEmitted checks that every committed transaction left its order and
+// its events, and nothing else is there.
+func checkEmitted(ctx context.Context, e *env, totalTx, totalEvents int64) error {
+	var orders int64
+	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM orders").Scan(&orders); err != nil {
+		return err
+	}
+	events, err := e.count(ctx, "true")
+	if err != nil {
+		return err
+	}
+	if orders != totalTx || events != totalEvents {
+		return fmt.Errorf("committed %d transactions with %d events, but the tables hold %d orders and %d events", totalTx, totalEvents, orders, events)
+	}
+	return nil
+}
+
+// emitTable adds the variants' table and metrics to res.
+func emitTable(res *Result, variants []emitVariant, samples [][]emitSample) {
 	t := Table{Title: "business transactions", Columns: []string{"variant", "tx/s", "events/s", "vs no Emit", "tx p50 ms", "tx p99 ms"}}
 	var base float64
 	for i, v := range variants {
@@ -181,12 +209,6 @@ func runEmit(ctx context.Context, s *session) (*Result, error) {
 		res.metric("emit."+v.key+".ratio", tx/base)
 	}
 	res.Tables = append(res.Tables, t)
-	r, q := res.Metrics["emit.emit.ratio"], res.Metrics["emit.queue.ratio"]
-	res.target("emit cost", ">= 0.80x tx/s of the same tx without Emit",
-		fmt.Sprintf("%.2fx with Emit (a round trip of its own), %.2fx with QueueEmit (none); NOTIFY on every transaction: %.2fx", r, q, res.Metrics["emit.emit_notify_every.ratio"]), max(r, q) >= 0.8)
-	res.note("commits wait for the WAL flush (fsync=%s, synchronous_commit=%s, wal_sync_method=%s); concurrent commits share a flush (group commit) unless they NOTIFY: Postgres holds a database-wide lock from a notifying transaction's pre-commit until its commit is flushed, so notifying commits flush one at a time, which is why a Producer notifies at most once per NotifyInterval",
-		setting(ctx, e, "fsync"), setting(ctx, e, "synchronous_commit"), setting(ctx, e, "wal_sync_method"))
-	return res, nil
 }
 
 func setting(ctx context.Context, e *env, name string) string {

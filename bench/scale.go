@@ -40,25 +40,8 @@ func runScale(ctx context.Context, s *session) (*Result, error) {
 	var baseClaim, baseRate float64
 	var have int64
 	for i, level := range cfg.ScaleRows {
-		t0 := time.Now()
-		// The previous level's drained events are dispatched rows too.
-		if add := level - have; add > 0 {
-			s.progress("scale: adding %d dispatched rows", add)
-			if err := e.exec(ctx, fmt.Sprintf(fillerSQL, e.tables.OutboxIdent()), add, cfg.Aggregates); err != nil {
-				return nil, fmt.Errorf("fill %d dispatched rows: %w", add, err)
-			}
-			have = level
-		}
-		if err := e.preload(ctx, pending, cfg.Aggregates); err != nil {
-			return nil, err
-		}
-		if err := e.vacuum(ctx); err != nil {
-			return nil, err
-		}
-		e.checkpoint(ctx)
-		fill := time.Since(t0)
-		var size string
-		if err := e.pool.QueryRow(ctx, "SELECT pg_size_pretty(pg_total_relation_size($1::regclass))", e.tables.OutboxIdent()).Scan(&size); err != nil {
+		fill, size, err := fillLevel(ctx, s, e, level, &have, pending)
+		if err != nil {
 			return nil, err
 		}
 
@@ -98,6 +81,35 @@ func runScale(ctx context.Context, s *session) (*Result, error) {
 		res.note("the issue's target is at 10M dispatched rows; this run stopped at %s (pass --scale-rows 0,1000000,10000000)", thousands(top))
 	}
 	return res, nil
+}
+
+// fillLevel brings the table to level dispatched rows (have is how many it
+// holds) and preloads pending events, then reports how long that took and
+// the table's size.
+func fillLevel(ctx context.Context, s *session, e *env, level int64, have *int64, pending int) (time.Duration, string, error) {
+	cfg := s.cfg
+	t0 := time.Now()
+	// The previous level's drained events are dispatched rows too.
+	if add := level - *have; add > 0 {
+		s.progress("scale: adding %d dispatched rows", add)
+		if err := e.exec(ctx, fmt.Sprintf(fillerSQL, e.tables.OutboxIdent()), add, cfg.Aggregates); err != nil {
+			return 0, "", fmt.Errorf("fill %d dispatched rows: %w", add, err)
+		}
+		*have = level
+	}
+	if err := e.preload(ctx, pending, cfg.Aggregates); err != nil {
+		return 0, "", err
+	}
+	if err := e.vacuum(ctx); err != nil {
+		return 0, "", err
+	}
+	e.checkpoint(ctx)
+	fill := time.Since(t0)
+	var size string
+	if err := e.pool.QueryRow(ctx, "SELECT pg_size_pretty(pg_total_relation_size($1::regclass))", e.tables.OutboxIdent()).Scan(&size); err != nil {
+		return 0, "", err
+	}
+	return fill, size, nil
 }
 
 func joinCounts(vs []int64) string {

@@ -16,15 +16,18 @@ import (
 	"github.com/pgoutbox/outbox/bench"
 )
 
+// benchOptions are the flags of `outbox bench`.
+type benchOptions struct {
+	kf         kafkaFlags
+	cfg        bench.Config
+	asJSON     bool
+	markdown   bool
+	scaleRows  string
+	cpuProfile string
+}
+
 func newBenchCmd(g *globals) *cobra.Command {
-	var (
-		kf         kafkaFlags
-		cfg        bench.Config
-		asJSON     bool
-		markdown   bool
-		scaleRows  string
-		cpuProfile string
-	)
+	var o benchOptions
 	var list strings.Builder
 	for _, s := range bench.Scenarios() {
 		def := ""
@@ -50,86 +53,92 @@ the repository root, or pass --watermill-dir.
 
 BENCHMARKS.md holds one full run and how to reproduce it.`,
 		RunE: func(c *cobra.Command, names []string) error {
-			ctx := c.Context()
-			cfg.DatabaseURL = g.databaseURL
-			var err error
-			if cfg.Kafka, err = kf.optionalBrokersConfig(); err != nil {
-				return err
-			}
-			cfg.Progress = g.stderr
-			// The relayers' and consumers' info logs would drown the
-			// progress lines; ask for them with --log-level info.
-			if !c.Flags().Changed("log-level") {
-				g.logLevel = "warn"
-			}
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			cfg.Logger = log
-			if scaleRows != "" {
-				rows, err := parseCounts(scaleRows)
-				if err != nil {
-					return err
-				}
-				cfg.ScaleRows = rows
-			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find this binary to run the memory scenario's relay and consumer: %w", err)
-			}
-			cfg.OutboxCommand = func(ctx context.Context, args ...string) *exec.Cmd {
-				return exec.CommandContext(ctx, exe, args...)
-			}
-			if asJSON && markdown {
-				return fmt.Errorf("--json and --markdown: pick one")
-			}
-			if !asJSON && !markdown {
-				cfg.OnResult = func(r bench.Result) { _ = r.WriteText(g.stdout) }
-			}
-			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
-				if err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return fmt.Errorf("--cpuprofile: %w", err)
-				}
-				defer pprof.StopCPUProfile()
-			}
-			start := time.Now()
-			results, runErr := bench.Run(ctx, cfg, names...)
-			switch {
-			case asJSON:
-				if err := json.NewEncoder(g.stdout).Encode(results); err != nil {
-					return err
-				}
-			case markdown:
-				bench.WriteMarkdown(g.stdout, results)
-			case len(results) > 1:
-				fmt.Fprintf(g.stdout, "== all targets (%s)\n", time.Since(start).Round(time.Second))
-				if err := bench.WriteTargets(g.stdout, results); err != nil {
-					return err
-				}
-			}
-			return runErr
+			return runBench(c, g, &o, names)
 		},
 	}
 	f := cmd.Flags()
-	kf.register(f)
-	f.BoolVar(&cfg.Short, "short", false, "small sizes: every scenario in seconds (a smoke test; its numbers mean little)")
-	f.BoolVar(&asJSON, "json", false, "print the results as JSON for scripts (progress still goes to stderr)")
-	f.BoolVar(&markdown, "markdown", false, "print the results as Markdown tables, as in BENCHMARKS.md")
-	f.IntVar(&cfg.Writers, "writers", 8, "concurrent emitting transactions (emit, latency) and consumer workers")
-	f.IntVar(&cfg.Events, "events", 0, "relay scenario preload (default 200000; 5000 with --short)")
-	f.IntVar(&cfg.Aggregates, "aggregates", 1000, "aggregates the preloaded events spread over")
-	f.StringVar(&scaleRows, "scale-rows", "", "dispatched-row levels of the scale scenario, ascending (default 0,1000000,10000000; 0,100000 with --short)")
-	f.IntVar(&cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains and its consumer processes (default 1000000; 20000 with --short)")
-	f.BoolVar(&cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
-	f.StringVar(&cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
-	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
+	o.kf.register(f)
+	f.BoolVar(&o.cfg.Short, "short", false, "small sizes: every scenario in seconds (a smoke test; its numbers mean little)")
+	f.BoolVar(&o.asJSON, "json", false, "print the results as JSON for scripts (progress still goes to stderr)")
+	f.BoolVar(&o.markdown, "markdown", false, "print the results as Markdown tables, as in BENCHMARKS.md")
+	f.IntVar(&o.cfg.Writers, "writers", 8, "concurrent emitting transactions (emit, latency) and consumer workers")
+	f.IntVar(&o.cfg.Events, "events", 0, "relay scenario preload (default 200000; 5000 with --short)")
+	f.IntVar(&o.cfg.Aggregates, "aggregates", 1000, "aggregates the preloaded events spread over")
+	f.StringVar(&o.scaleRows, "scale-rows", "", "dispatched-row levels of the scale scenario, ascending (default 0,1000000,10000000; 0,100000 with --short)")
+	f.IntVar(&o.cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains and its consumer processes (default 1000000; 20000 with --short)")
+	f.BoolVar(&o.cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
+	f.StringVar(&o.cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
 	return cmd
+}
+
+// runBench runs the scenarios names (all default ones when empty) and
+// prints the results as o asks.
+func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) error {
+	ctx := c.Context()
+	o.cfg.DatabaseURL = g.databaseURL
+	var err error
+	if o.cfg.Kafka, err = o.kf.optionalBrokersConfig(); err != nil {
+		return err
+	}
+	o.cfg.Progress = g.stderr
+	// The relayers' and consumers' info logs would drown the
+	// progress lines; ask for them with --log-level info.
+	if !c.Flags().Changed("log-level") {
+		g.logLevel = "warn"
+	}
+	log, err := g.logger()
+	if err != nil {
+		return err
+	}
+	o.cfg.Logger = log
+	if o.scaleRows != "" {
+		rows, err := parseCounts(o.scaleRows)
+		if err != nil {
+			return err
+		}
+		o.cfg.ScaleRows = rows
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this binary to run the memory scenario's relay and consumer: %w", err)
+	}
+	o.cfg.OutboxCommand = func(ctx context.Context, args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, exe, args...)
+	}
+	if o.asJSON && o.markdown {
+		return fmt.Errorf("--json and --markdown: pick one")
+	}
+	if !o.asJSON && !o.markdown {
+		o.cfg.OnResult = func(r bench.Result) { _ = r.WriteText(g.stdout) }
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	start := time.Now()
+	results, runErr := bench.Run(ctx, o.cfg, names...)
+	switch {
+	case o.asJSON:
+		if err := json.NewEncoder(g.stdout).Encode(results); err != nil {
+			return err
+		}
+	case o.markdown:
+		bench.WriteMarkdown(g.stdout, results)
+	case len(results) > 1:
+		fmt.Fprintf(g.stdout, "== all targets (%s)\n", time.Since(start).Round(time.Second))
+		if err := bench.WriteTargets(g.stdout, results); err != nil {
+			return err
+		}
+	}
+	return runErr
 }
 
 func parseCounts(s string) ([]int64, error) {

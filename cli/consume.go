@@ -24,13 +24,16 @@ import (
 // when neither --group nor --name is given.
 const defaultConsumeName = "outbox-consume"
 
+// consumeOptions are the flags of `outbox consume`.
+type consumeOptions struct {
+	kf     kafkaFlags
+	cfg    consumer.Config
+	topics string
+	output string
+}
+
 func newConsumeCmd(g *globals) *cobra.Command {
-	var (
-		kf     kafkaFlags
-		cfg    consumer.Config
-		topics string
-		output string
-	)
+	var o consumeOptions
 	cmd := &cobra.Command{
 		Use:   "consume",
 		Short: "Consume outbox events from Kafka once per consumer name, printing each as a JSON line",
@@ -54,94 +57,99 @@ SIGINT/SIGTERM finish the transaction in flight, commit offsets, leave the
 group and exit 0.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			ctx := c.Context()
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			t, err := g.tables()
-			if err != nil {
-				return err
-			}
-			if cfg.Topics, err = parseTopics(topics); err != nil {
-				return err
-			}
-			p, err := newEventPrinter(c.OutOrStdout(), output)
-			if err != nil {
-				return err
-			}
-			cfg.Name, cfg.Group = consumeNames(cfg.Name, cfg.Group)
-			if cfg.Client, err = kf.brokersConfig(); err != nil {
-				return err
-			}
-			opts, err := cfg.Client.Options()
-			if err != nil {
-				return err
-			}
-			// One connection per partition processed at once, and one for
-			// the consumer's outage checks; pgx's default (4 or more)
-			// covers the default concurrency of 1.
-			var conns int32
-			if cfg.Concurrency > 0 {
-				conns = int32(cfg.Concurrency) + 1
-			}
-			pool, err := g.connect(ctx, conns)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			cl, err := kgo.NewClient(opts...)
-			if err != nil {
-				return err
-			}
-			err = pingKafka(ctx, cl, cfg.Client.Brokers)
-			cl.Close()
-			if err != nil {
-				return err
-			}
-			cfg.Pool = pool
-			cfg.Tables = t
-			cfg.Logger = log
-			cfg.DefaultHandler = p.handle
-			cons, err := consumer.New(cfg)
-			if err != nil {
-				return err
-			}
-			m, err := migrate.New(t)
-			if err != nil {
-				return err
-			}
-			if err := m.Validate(ctx, pool); err != nil {
-				return err
-			}
-
-			// A failed write stops the consumer rather than failing the
-			// handler: retried, the event would end up dead-lettered for
-			// a local problem. Its transaction rolls back, so the event
-			// stays unprocessed for the next run.
-			run, stop := context.WithCancel(ctx)
-			defer stop()
-			p.onWriteError = stop
-			if err := cons.Run(run); err != nil {
-				return err
-			}
-			st := cons.Stats()
-			log.Info("consume stopped", "processed", st.Processed, "duplicates", st.Duplicates,
-				"dead_lettered", st.DeadLettered, "malformed", st.Malformed, "retries", st.Retries)
-			return p.err()
+			return runConsume(c.Context(), g, c.OutOrStdout(), &o)
 		},
 	}
 	f := cmd.Flags()
-	kf.register(f)
-	f.StringVar(&topics, "topics", "", "topics to read, comma-separated (the relay publishes type order.* to topic order, after its --topic-prefix); required")
-	f.StringVar(&cfg.Group, "group", "", `Kafka consumer group (default: --name, else "`+defaultConsumeName+`")`)
-	f.StringVar(&cfg.Name, "name", "", `consumer name recorded in the processed table: each name handles each event once (default: --group, else "`+defaultConsumeName+`")`)
+	o.kf.register(f)
+	f.StringVar(&o.topics, "topics", "", "topics to read, comma-separated (the relay publishes type order.* to topic order, after its --topic-prefix); required")
+	f.StringVar(&o.cfg.Group, "group", "", `Kafka consumer group (default: --name, else "`+defaultConsumeName+`")`)
+	f.StringVar(&o.cfg.Name, "name", "", `consumer name recorded in the processed table: each name handles each event once (default: --group, else "`+defaultConsumeName+`")`)
 	// 0, not the consumer's defaults: a --concurrency given sizes the pool,
 	// else pgx's default does.
-	f.IntVar(&cfg.BatchSize, "batch-size", 0, fmt.Sprintf("consecutive records of a partition handled in one transaction (0: the consumer's default, %d)", consumer.DefaultBatchSize))
-	f.IntVar(&cfg.Concurrency, "concurrency", 0, fmt.Sprintf("partitions handled at once, each in its own transactions (0: the consumer's default, %d)", consumer.DefaultConcurrency))
-	f.StringVar(&output, "output", "json", "json: one line per new event on stdout; none: print nothing")
+	f.IntVar(&o.cfg.BatchSize, "batch-size", 0, fmt.Sprintf("consecutive records of a partition handled in one transaction (0: the consumer's default, %d)", consumer.DefaultBatchSize))
+	f.IntVar(&o.cfg.Concurrency, "concurrency", 0, fmt.Sprintf("partitions handled at once, each in its own transactions (0: the consumer's default, %d)", consumer.DefaultConcurrency))
+	f.StringVar(&o.output, "output", "json", "json: one line per new event on stdout; none: print nothing")
 	return cmd
+}
+
+// runConsume runs the consumer o describes, printing events to out, until
+// ctx is cancelled.
+func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOptions) error {
+	log, err := g.logger()
+	if err != nil {
+		return err
+	}
+	t, err := g.tables()
+	if err != nil {
+		return err
+	}
+	if o.cfg.Topics, err = parseTopics(o.topics); err != nil {
+		return err
+	}
+	p, err := newEventPrinter(out, o.output)
+	if err != nil {
+		return err
+	}
+	o.cfg.Name, o.cfg.Group = consumeNames(o.cfg.Name, o.cfg.Group)
+	if o.cfg.Client, err = o.kf.brokersConfig(); err != nil {
+		return err
+	}
+	opts, err := o.cfg.Client.Options()
+	if err != nil {
+		return err
+	}
+	// One connection per partition processed at once, and one for
+	// the consumer's outage checks; pgx's default (4 or more)
+	// covers the default concurrency of 1.
+	var conns int32
+	if o.cfg.Concurrency > 0 {
+		conns = int32(o.cfg.Concurrency) + 1
+	}
+	pool, err := g.connect(ctx, conns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	err = pingKafka(ctx, cl, o.cfg.Client.Brokers)
+	cl.Close()
+	if err != nil {
+		return err
+	}
+	o.cfg.Pool = pool
+	o.cfg.Tables = t
+	o.cfg.Logger = log
+	o.cfg.DefaultHandler = p.handle
+	cons, err := consumer.New(o.cfg)
+	if err != nil {
+		return err
+	}
+	m, err := migrate.New(t)
+	if err != nil {
+		return err
+	}
+	if err := m.Validate(ctx, pool); err != nil {
+		return err
+	}
+
+	// A failed write stops the consumer rather than failing the
+	// handler: retried, the event would end up dead-lettered for
+	// a local problem. Its transaction rolls back, so the event
+	// stays unprocessed for the next run.
+	run, stop := context.WithCancel(ctx)
+	defer stop()
+	p.onWriteError = stop
+	if err := cons.Run(run); err != nil {
+		return err
+	}
+	st := cons.Stats()
+	log.Info("consume stopped", "processed", st.Processed, "duplicates", st.Duplicates,
+		"dead_lettered", st.DeadLettered, "malformed", st.Malformed, "retries", st.Retries)
+	return p.err()
 }
 
 // consumeNames fills in the group and the consumer name from each other.

@@ -249,65 +249,70 @@ event has no hold: to publish it again use 'outbox events replay'. Without
 --yes, retry prints the holds it would lift and changes nothing.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			cfg := ops.RetryConfig{Apply: yes}
-			var err error
-			switch {
-			case len(args) == 1 && aggregate != "":
-				return fmt.Errorf("retry takes an event id or --aggregate, not both")
-			case len(args) == 1:
-				if cfg.EventID, err = parseEventID(args[0]); err != nil {
-					return err
-				}
-			case aggregate != "":
-				if cfg.AggregateID, err = parseAggregate("--aggregate", aggregate); err != nil {
-					return err
-				}
-			default:
-				return fmt.Errorf("retry needs an event id or --aggregate UUID (see 'outbox events retry --help')")
-			}
-			ctx := c.Context()
-			log, pool, t, err := g.verbSession(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			cfg.Tables, cfg.Logger = t, log
-			res, err := ops.Retry(ctx, pool, cfg)
-			if err != nil {
-				return err
-			}
-			if len(res.Holds) == 0 {
-				if cfg.EventID != 0 {
-					fmt.Fprintf(g.stdout, "event %d is pending and not held: relayers take it at their next claim; nothing to do\n", cfg.EventID)
-					switch h := res.BlockedByHold; {
-					case h != nil:
-						fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate, which is held until %s (%s: %s); to retry that one: outbox events retry %d\n",
-							h.EventID, fmtTime(h.HeldUntil), h.Reason, oneLine(h.Error), h.EventID)
-					case res.BlockedBy != 0:
-						fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate (not held; see 'outbox events show %d')\n", res.BlockedBy, res.BlockedBy)
-					}
-				} else {
-					fmt.Fprintf(g.stdout, "aggregate %s has no active hold on a pending event: nothing to do\n", cfg.AggregateID)
-				}
-				return nil
-			}
-			if res.Applied {
-				fmt.Fprintf(g.stdout, "lifted %d hold(s) and woke the relayers; each retries at its next claim:\n", len(res.Holds))
-			} else {
-				fmt.Fprintf(g.stdout, "would lift %d hold(s); every running relayer would retry at its next claim:\n", len(res.Holds))
-			}
-			if err := printHolds(g, res.Holds); err != nil {
-				return err
-			}
-			if !res.Applied {
-				dryRunNote(g, "lift them")
-			}
-			return nil
+			return runEventsRetry(c.Context(), g, args, aggregate, yes)
 		},
 	}
 	cmd.Flags().StringVar(&aggregate, "aggregate", "", "lift every active hold of this aggregate's pending events")
 	cmd.Flags().BoolVar(&yes, "yes", false, "lift the holds (without it: a dry run)")
 	return cmd
+}
+
+// runEventsRetry lifts the hold on the event args names (or on every held
+// event of aggregate); without yes, it says what it would lift.
+func runEventsRetry(ctx context.Context, g *globals, args []string, aggregate string, yes bool) error {
+	cfg := ops.RetryConfig{Apply: yes}
+	var err error
+	switch {
+	case len(args) == 1 && aggregate != "":
+		return fmt.Errorf("retry takes an event id or --aggregate, not both")
+	case len(args) == 1:
+		if cfg.EventID, err = parseEventID(args[0]); err != nil {
+			return err
+		}
+	case aggregate != "":
+		if cfg.AggregateID, err = parseAggregate("--aggregate", aggregate); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("retry needs an event id or --aggregate UUID (see 'outbox events retry --help')")
+	}
+	log, pool, t, err := g.verbSession(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cfg.Tables, cfg.Logger = t, log
+	res, err := ops.Retry(ctx, pool, cfg)
+	if err != nil {
+		return err
+	}
+	if len(res.Holds) == 0 {
+		if cfg.EventID != 0 {
+			fmt.Fprintf(g.stdout, "event %d is pending and not held: relayers take it at their next claim; nothing to do\n", cfg.EventID)
+			switch h := res.BlockedByHold; {
+			case h != nil:
+				fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate, which is held until %s (%s: %s); to retry that one: outbox events retry %d\n",
+					h.EventID, fmtTime(h.HeldUntil), h.Reason, oneLine(h.Error), h.EventID)
+			case res.BlockedBy != 0:
+				fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate (not held; see 'outbox events show %d')\n", res.BlockedBy, res.BlockedBy)
+			}
+		} else {
+			fmt.Fprintf(g.stdout, "aggregate %s has no active hold on a pending event: nothing to do\n", cfg.AggregateID)
+		}
+		return nil
+	}
+	if res.Applied {
+		fmt.Fprintf(g.stdout, "lifted %d hold(s) and woke the relayers; each retries at its next claim:\n", len(res.Holds))
+	} else {
+		fmt.Fprintf(g.stdout, "would lift %d hold(s); every running relayer would retry at its next claim:\n", len(res.Holds))
+	}
+	if err := printHolds(g, res.Holds); err != nil {
+		return err
+	}
+	if !res.Applied {
+		dryRunNote(g, "lift them")
+	}
+	return nil
 }
 
 func printHolds(g *globals, hs []ops.Hold) error {
@@ -344,61 +349,66 @@ event cannot be parked. Without --yes, park prints what it would do and
 changes nothing. 'outbox events unpark ID' puts it back.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			id, err := parseEventID(args[0])
-			if err != nil {
-				return err
-			}
-			if strings.TrimSpace(reason) == "" {
-				return fmt.Errorf("park needs --reason \"...\": say why, for whoever unparks it")
-			}
-			if lockTimeout <= 0 {
-				return fmt.Errorf("--lock-timeout %s: use a positive duration, e.g. 5s", lockTimeout)
-			}
-			ctx := c.Context()
-			log, pool, t, err := g.verbSession(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			res, err := ops.Park(ctx, pool, ops.ParkConfig{Tables: t, ID: id, Reason: reason, LockTimeout: lockTimeout, Apply: yes, Logger: log})
-			if err != nil {
-				return err
-			}
-			ev := res.Event
-			verb := "would park"
-			if res.Applied {
-				verb = "parked"
-			}
-			fmt.Fprintf(g.stdout, "%s event %d (aggregate %s, %s, created %s) with reason %q\n", verb, ev.ID, ev.AggregateID, ev.Type, fmtTime(ev.CreatedAt), ev.Reason)
-			fmt.Fprintf(g.stdout, "  last error: %s\n", dash(oneLine(ev.LastError)))
-			if res.Applied {
-				fmt.Fprintf(g.stdout, "  it left the outbox for the parked table; its failure record was deleted; the relayers were woken\n")
-			} else {
-				fmt.Fprintf(g.stdout, "  it would leave the outbox for the parked table, and its failure record would be deleted\n")
-			}
-			be := "would be"
-			if res.Applied {
-				be = "are now"
-			}
-			if res.LaterPending > 0 {
-				fmt.Fprintf(g.stdout, "  order: the aggregate's %d later pending event(s) %s published without it, and so are those emitted later: "+
-					"a deliberate break of aggregate %s's order\n", res.LaterPending, be, ev.AggregateID)
-			} else {
-				fmt.Fprintf(g.stdout, "  order: the aggregate's events emitted from now on %s published without it: a deliberate break of aggregate %s's order\n",
-					be, ev.AggregateID)
-			}
-			if res.Applied {
-				fmt.Fprintf(g.stdout, "  'outbox events unpark %d' puts it back\n", ev.ID)
-			} else {
-				dryRunNote(g, "park it")
-			}
-			return nil
+			return runEventsPark(c.Context(), g, args[0], reason, lockTimeout, yes)
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why it is parked (required), kept with the parked row")
 	cmd.Flags().DurationVar(&lockTimeout, "lock-timeout", ops.DefaultParkLockTimeout, "how long to wait for the row's lock (a relayer may be publishing it)")
 	cmd.Flags().BoolVar(&yes, "yes", false, "park it (without it: a dry run)")
 	return cmd
+}
+
+// runEventsPark parks the event arg names; without yes, it says what it
+// would do.
+func runEventsPark(ctx context.Context, g *globals, arg, reason string, lockTimeout time.Duration, yes bool) error {
+	id, err := parseEventID(arg)
+	if err != nil {
+		return err
+	}
+	if strings.TrimSpace(reason) == "" {
+		return fmt.Errorf("park needs --reason \"...\": say why, for whoever unparks it")
+	}
+	if lockTimeout <= 0 {
+		return fmt.Errorf("--lock-timeout %s: use a positive duration, e.g. 5s", lockTimeout)
+	}
+	log, pool, t, err := g.verbSession(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := ops.Park(ctx, pool, ops.ParkConfig{Tables: t, ID: id, Reason: reason, LockTimeout: lockTimeout, Apply: yes, Logger: log})
+	if err != nil {
+		return err
+	}
+	ev := res.Event
+	verb := "would park"
+	if res.Applied {
+		verb = "parked"
+	}
+	fmt.Fprintf(g.stdout, "%s event %d (aggregate %s, %s, created %s) with reason %q\n", verb, ev.ID, ev.AggregateID, ev.Type, fmtTime(ev.CreatedAt), ev.Reason)
+	fmt.Fprintf(g.stdout, "  last error: %s\n", dash(oneLine(ev.LastError)))
+	if res.Applied {
+		fmt.Fprintf(g.stdout, "  it left the outbox for the parked table; its failure record was deleted; the relayers were woken\n")
+	} else {
+		fmt.Fprintf(g.stdout, "  it would leave the outbox for the parked table, and its failure record would be deleted\n")
+	}
+	be := "would be"
+	if res.Applied {
+		be = "are now"
+	}
+	if res.LaterPending > 0 {
+		fmt.Fprintf(g.stdout, "  order: the aggregate's %d later pending event(s) %s published without it, and so are those emitted later: "+
+			"a deliberate break of aggregate %s's order\n", res.LaterPending, be, ev.AggregateID)
+	} else {
+		fmt.Fprintf(g.stdout, "  order: the aggregate's events emitted from now on %s published without it: a deliberate break of aggregate %s's order\n",
+			be, ev.AggregateID)
+	}
+	if res.Applied {
+		fmt.Fprintf(g.stdout, "  'outbox events unpark %d' puts it back\n", ev.ID)
+	} else {
+		dryRunNote(g, "park it")
+	}
+	return nil
 }
 
 func newEventsUnparkCmd(g *globals) *cobra.Command {
@@ -490,66 +500,7 @@ emitted while a replay runs can go out between two chunks.
 Without --yes, replay counts the rows it would replay and changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			switch {
-			case cfg.FromID <= 0 || cfg.ToID <= 0:
-				return fmt.Errorf("replay needs a range: --from-id and --to-id, positive ids (both included)")
-			case cfg.FromID > cfg.ToID:
-				return fmt.Errorf("--from-id %d is above --to-id %d: the range is inverted", cfg.FromID, cfg.ToID)
-			case cfg.ChunkSize <= 0 || cfg.ChunkSize > 1_000_000:
-				return fmt.Errorf("--chunk %d: use 1 to 1000000 rows per transaction", cfg.ChunkSize)
-			}
-			var err error
-			if cfg.AggregateID, err = parseAggregate("--aggregate", aggregate); err != nil {
-				return err
-			}
-			ctx := c.Context()
-			log, pool, t, err := g.verbSession(ctx)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			cfg.Tables, cfg.Logger, cfg.Apply = t, log, yes
-			res, err := ops.Replay(ctx, pool, cfg)
-			if err != nil {
-				return err
-			}
-			var filters []string
-			if cfg.Type != "" {
-				filters = append(filters, "type "+cfg.Type)
-			}
-			if cfg.AggregateID != uuid.Nil {
-				filters = append(filters, "aggregate "+cfg.AggregateID.String())
-			}
-			scope := fmt.Sprintf("ids %d to %d", cfg.FromID, cfg.ToID)
-			if len(filters) > 0 {
-				scope += " (" + strings.Join(filters, ", ") + ")"
-			}
-			switch {
-			case res.Rows == 0:
-				fmt.Fprintf(g.stdout, "no dispatched event in %s: nothing to replay\n", scope)
-			case res.Applied:
-				fmt.Fprintf(g.stdout, "replayed %d dispatched event(s) in %s, ids %d to %d, in %d chunk(s): pending again with created_at = now(); the relayers were woken\n",
-					res.Rows, scope, res.FirstID, res.LastID, res.Chunks)
-			default:
-				fmt.Fprintf(g.stdout, "would replay %d dispatched event(s) in %s, ids %d to %d: set back to pending with created_at = now() (the original is lost), in chunks of %d rows\n",
-					res.Rows, scope, res.FirstID, res.LastID, cfg.ChunkSize)
-			}
-			if res.Pending > 0 {
-				fmt.Fprintf(g.stdout, "  %d event(s) in the range are pending already and are left as they are\n", res.Pending)
-			}
-			if res.OldestID == 0 {
-				fmt.Fprintf(g.stdout, "  the outbox is empty: rows deleted by retention cleanup cannot be replayed\n")
-			} else if cfg.FromID < res.OldestID {
-				fmt.Fprintf(g.stdout, "  no row below id %d is left in the outbox: ids %d to %d were deleted by retention cleanup (or never written) and cannot be replayed\n",
-					res.OldestID, cfg.FromID, min(res.OldestID-1, cfg.ToID))
-			}
-			if res.Rows > 0 {
-				fmt.Fprintf(g.stdout, "  consumers deduplicate by event_id: those that processed these events skip them\n")
-			}
-			if !res.Applied && res.Rows > 0 {
-				dryRunNote(g, "replay them")
-			}
-			return nil
+			return runEventsReplay(c.Context(), g, cfg, aggregate, yes)
 		},
 	}
 	f := cmd.Flags()
@@ -560,6 +511,70 @@ Without --yes, replay counts the rows it would replay and changes nothing.`,
 	f.IntVar(&cfg.ChunkSize, "chunk", ops.DefaultReplayChunk, "rows of the primary key per transaction")
 	f.BoolVar(&yes, "yes", false, "replay them (without it: a dry run)")
 	return cmd
+}
+
+// runEventsReplay sets the dispatched events cfg selects back to pending;
+// without yes, it counts them.
+func runEventsReplay(ctx context.Context, g *globals, cfg ops.ReplayConfig, aggregate string, yes bool) error {
+	switch {
+	case cfg.FromID <= 0 || cfg.ToID <= 0:
+		return fmt.Errorf("replay needs a range: --from-id and --to-id, positive ids (both included)")
+	case cfg.FromID > cfg.ToID:
+		return fmt.Errorf("--from-id %d is above --to-id %d: the range is inverted", cfg.FromID, cfg.ToID)
+	case cfg.ChunkSize <= 0 || cfg.ChunkSize > 1_000_000:
+		return fmt.Errorf("--chunk %d: use 1 to 1000000 rows per transaction", cfg.ChunkSize)
+	}
+	var err error
+	if cfg.AggregateID, err = parseAggregate("--aggregate", aggregate); err != nil {
+		return err
+	}
+	log, pool, t, err := g.verbSession(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cfg.Tables, cfg.Logger, cfg.Apply = t, log, yes
+	res, err := ops.Replay(ctx, pool, cfg)
+	if err != nil {
+		return err
+	}
+	var filters []string
+	if cfg.Type != "" {
+		filters = append(filters, "type "+cfg.Type)
+	}
+	if cfg.AggregateID != uuid.Nil {
+		filters = append(filters, "aggregate "+cfg.AggregateID.String())
+	}
+	scope := fmt.Sprintf("ids %d to %d", cfg.FromID, cfg.ToID)
+	if len(filters) > 0 {
+		scope += " (" + strings.Join(filters, ", ") + ")"
+	}
+	switch {
+	case res.Rows == 0:
+		fmt.Fprintf(g.stdout, "no dispatched event in %s: nothing to replay\n", scope)
+	case res.Applied:
+		fmt.Fprintf(g.stdout, "replayed %d dispatched event(s) in %s, ids %d to %d, in %d chunk(s): pending again with created_at = now(); the relayers were woken\n",
+			res.Rows, scope, res.FirstID, res.LastID, res.Chunks)
+	default:
+		fmt.Fprintf(g.stdout, "would replay %d dispatched event(s) in %s, ids %d to %d: set back to pending with created_at = now() (the original is lost), in chunks of %d rows\n",
+			res.Rows, scope, res.FirstID, res.LastID, cfg.ChunkSize)
+	}
+	if res.Pending > 0 {
+		fmt.Fprintf(g.stdout, "  %d event(s) in the range are pending already and are left as they are\n", res.Pending)
+	}
+	if res.OldestID == 0 {
+		fmt.Fprintf(g.stdout, "  the outbox is empty: rows deleted by retention cleanup cannot be replayed\n")
+	} else if cfg.FromID < res.OldestID {
+		fmt.Fprintf(g.stdout, "  no row below id %d is left in the outbox: ids %d to %d were deleted by retention cleanup (or never written) and cannot be replayed\n",
+			res.OldestID, cfg.FromID, min(res.OldestID-1, cfg.ToID))
+	}
+	if res.Rows > 0 {
+		fmt.Fprintf(g.stdout, "  consumers deduplicate by event_id: those that processed these events skip them\n")
+	}
+	if !res.Applied && res.Rows > 0 {
+		dryRunNote(g, "replay them")
+	}
+	return nil
 }
 
 func fmtTime(t time.Time) string {

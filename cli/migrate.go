@@ -19,7 +19,12 @@ binary. 'migrate up' applies what is missing (running it twice is a no-op);
 --yes' reverts to version N (0 drops the tables and their data); 'migrate
 print' writes the SQL for a migration tool of your own.`,
 	}
-	up := &cobra.Command{
+	cmd.AddCommand(newMigrateUpCmd(g), newMigrateStatusCmd(g), newMigrateDownCmd(g), newMigratePrintCmd(g))
+	return cmd
+}
+
+func newMigrateUpCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "up",
 		Short: "Apply every pending migration",
 		Args:  cobra.NoArgs,
@@ -45,7 +50,10 @@ print' writes the SQL for a migration tool of your own.`,
 			return nil
 		},
 	}
-	status := &cobra.Command{
+}
+
+func newMigrateStatusCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "status",
 		Short: "Print the schema version; exit 1 when migrations are pending",
 		Args:  cobra.NoArgs,
@@ -80,9 +88,12 @@ print' writes the SQL for a migration tool of your own.`,
 			return nil
 		},
 	}
+}
+
+func newMigrateDownCmd(g *globals) *cobra.Command {
 	var to string
 	var yes bool
-	down := &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "down --to VERSION --yes",
 		Short: "Revert migrations above VERSION (destroys data)",
 		Args:  cobra.NoArgs,
@@ -110,9 +121,8 @@ print' writes the SQL for a migration tool of your own.`,
 			return nil
 		},
 	}
-	down.Flags().StringVar(&to, "to", "", "version to revert to (0 drops everything)")
-	down.Flags().BoolVar(&yes, "yes", false, "confirm that data may be destroyed")
-	cmd.AddCommand(up, status, down, newMigratePrintCmd(g))
+	cmd.Flags().StringVar(&to, "to", "", "version to revert to (0 drops everything)")
+	cmd.Flags().BoolVar(&yes, "yes", false, "confirm that data may be destroyed")
 	return cmd
 }
 

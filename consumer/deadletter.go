@@ -10,6 +10,10 @@ import (
 	"github.com/pgoutbox/outbox/internal/backoff"
 )
 
+// dlqWriteTimeout bounds one dead-letter write, in case the broker neither
+// acknowledges nor refuses it.
+const dlqWriteTimeout = 30 * time.Second
+
 // dlqForm is how much of the original record a dead letter carries.
 type dlqForm int
 

@@ -91,181 +91,261 @@ type Report struct {
 func (r Report) OK() bool { return len(r.Failures) == 0 }
 
 // Run executes the demo.
-func Run(ctx context.Context, cfg Config) (rep Report, err error) {
+func Run(ctx context.Context, cfg Config) (Report, error) {
 	start := time.Now()
 	cfg = withDefaults(cfg)
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	out := cfg.Out
+	d := &demo{cfg: cfg, out: cfg.Out}
+	defer d.cleanUp()
 
-	// Postgres: the configured server, else a throwaway cluster.
+	for _, step := range []func(context.Context) error{
+		d.openDatabase,    // Postgres: the configured server, else a throwaway cluster
+		d.createSchema,    // a schema of its own, migrated, dropped at the end
+		d.openKafka,       // Kafka: the configured cluster, else a dev broker
+		d.startServices,   // two relayers and the loyalty consumer
+		d.placeOrders,     // concurrent writers, some rolled back
+		d.awaitDelivery,   // every committed order consumed
+		d.redeliver,       // dispatched rows forced out again, skipped as duplicates
+		d.stopServices,    // relayers and consumer stopped
+		d.checkInvariants, // gather the figures and check them
+	} {
+		if err := step(ctx); err != nil {
+			return d.rep, err
+		}
+	}
+	d.rep.Elapsed = time.Since(start)
+	return d.rep, nil
+}
+
+// demo is the state of one Run, shared by its steps.
+type demo struct {
+	cfg Config
+	out io.Writer
+	rep Report
+	// undo holds what Run's deferred cleanUp undoes, last first, as
+	// defers would.
+	undo []func()
+
+	admin    *pgxpool.Pool // the server's, for the schema itself
+	url      string
+	pool     *pgxpool.Pool // searching the demo schema
+	tables   outbox.Tables
+	kcfg     kafka.ClientConfig
+	prefix   string // of topic names
+	producer *outbox.Producer
+
+	gctx      context.Context // the relayers' and the consumer's group
+	g         *errgroup.Group
+	stopRun   context.CancelFunc
+	relayers  []*relay.Relayer
+	cons      *consumer.Consumer
+	tick      *time.Ticker
+	lagMu     sync.Mutex
+	lags      []time.Duration
+	measuring atomic.Bool // lag is measured on first deliveries only
+
+	attempted, committed, rolledBack atomic.Int64
+	lastLine                         time.Time
+}
+
+// deferred adds f to what cleanUp undoes.
+func (d *demo) deferred(f func()) { d.undo = append(d.undo, f) }
+
+// cleanUp undoes what the steps set up, last first.
+func (d *demo) cleanUp() {
+	for i := len(d.undo) - 1; i >= 0; i-- {
+		d.undo[i]()
+	}
+}
+
+// openDatabase connects to the configured server, else starts a throwaway
+// cluster.
+func (d *demo) openDatabase(ctx context.Context) error {
+	cfg, out := d.cfg, d.out
 	url := cfg.DatabaseURL
 	admin, where, err := connect(ctx, url)
 	if err != nil {
 		if cfg.NoThrowaway || !tmppg.Available() {
-			return rep, fmt.Errorf("%w; start Postgres or set DATABASE_URL (or install initdb/pg_ctl so the demo can start its own)", err)
+			return fmt.Errorf("%w; start Postgres or set DATABASE_URL (or install initdb/pg_ctl so the demo can start its own)", err)
 		}
 		fmt.Fprintf(out, "no Postgres answered (%s); starting a throwaway cluster\n", err)
 		cluster, cerr := tmppg.Start(ctx)
 		if cerr != nil {
-			return rep, fmt.Errorf("%w; and a throwaway cluster failed: %w", err, cerr)
+			return fmt.Errorf("%w; and a throwaway cluster failed: %w", err, cerr)
 		}
-		defer func() {
+		d.deferred(func() {
 			if err := cluster.Stop(); err != nil {
 				fmt.Fprintln(out, "warning:", err)
 			}
-		}()
+		})
 		url = cluster.URL()
 		if admin, where, err = connect(ctx, url); err != nil {
-			return rep, err
+			return err
 		}
 	}
-	defer admin.Close()
-	rep.Database = where
+	d.deferred(admin.Close)
+	d.admin, d.url = admin, url
+	d.rep.Database = where
+	return nil
+}
 
-	// A schema of its own, dropped at the end.
+// createSchema creates the demo's own schema (dropped at the end unless
+// KeepSchema), connects the pool to it and migrates it.
+func (d *demo) createSchema(ctx context.Context) error {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	schema := "outbox_demo_" + hex.EncodeToString(rnd[:])
-	rep.Schema = schema
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgident.Quote(schema)); err != nil {
-		return rep, fmt.Errorf("create schema %s: %w", schema, err)
+	d.rep.Schema = schema
+	if _, err := d.admin.Exec(ctx, "CREATE SCHEMA "+pgident.Quote(schema)); err != nil {
+		return fmt.Errorf("create schema %s: %w", schema, err)
 	}
-	if !cfg.KeepSchema {
-		defer func() {
+	if !d.cfg.KeepSchema {
+		d.deferred(func() {
 			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer dcancel()
-			if _, err := admin.Exec(dctx, "DROP SCHEMA "+pgident.Quote(schema)+" CASCADE"); err != nil {
-				fmt.Fprintln(out, "warning: drop demo schema:", err)
+			if _, err := d.admin.Exec(dctx, "DROP SCHEMA "+pgident.Quote(schema)+" CASCADE"); err != nil {
+				fmt.Fprintln(d.out, "warning: drop demo schema:", err)
 			}
-		}()
+		})
 	}
-	pcfg, err := pgxpool.ParseConfig(url)
+	pcfg, err := pgxpool.ParseConfig(d.url)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	pcfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pcfg.MaxConns = int32(cfg.Writers + 8)
+	pcfg.MaxConns = int32(d.cfg.Writers + 8)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return rep, err
+		return err
 	}
-	defer pool.Close()
-	tables := outbox.Tables{Schema: schema}.WithDefaults()
-	m, err := migrate.New(tables)
+	d.deferred(pool.Close)
+	d.pool = pool
+	d.tables = outbox.Tables{Schema: schema}.WithDefaults()
+	m, err := migrate.New(d.tables)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	if _, err := m.Up(ctx, pool); err != nil {
-		return rep, err
+		return err
 	}
-	if err := orders.Migrate(ctx, pool); err != nil {
-		return rep, err
-	}
+	return orders.Migrate(ctx, pool)
+}
 
-	// Kafka: the configured cluster, else an in-process dev broker.
-	kcfg := cfg.Brokers
+// openKafka connects to the configured cluster, else starts an in-process
+// dev broker, and creates the topics.
+func (d *demo) openKafka(ctx context.Context) error {
+	kcfg := d.cfg.Brokers
 	if len(kcfg.Brokers) == 0 {
 		b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 		if err != nil {
-			return rep, err
+			return err
 		}
-		defer b.Close()
+		d.deferred(b.Close)
 		kcfg.Brokers = []string{b.Addr()}
-		rep.Broker = "embedded dev broker at " + b.Addr()
+		d.rep.Broker = "embedded dev broker at " + b.Addr()
 	} else {
-		rep.Broker = strings.Join(kcfg.Brokers, ",")
+		d.rep.Broker = strings.Join(kcfg.Brokers, ",")
 	}
+	d.kcfg = kcfg
 	// Topic names carry the schema, so reruns against one real cluster do
 	// not read each other's events.
-	prefix := schema + "."
-	producer, err := outbox.NewProducer(outbox.Config{Tables: tables, TopicPrefix: prefix})
+	d.prefix = d.rep.Schema + "."
+	producer, err := outbox.NewProducer(outbox.Config{Tables: d.tables, TopicPrefix: d.prefix})
 	if err != nil {
-		return rep, err
+		return err
 	}
-	fmt.Fprintf(out, "database %s, schema %s\nbroker   %s\n", rep.Database, schema, rep.Broker)
+	d.producer = producer
+	fmt.Fprintf(d.out, "database %s, schema %s\nbroker   %s\n", d.rep.Database, d.rep.Schema, d.rep.Broker)
 	// Create the topics up front, as an operator would, so the first
 	// batch's latency is not the broker creating a topic.
-	if err := createTopics(ctx, kcfg, prefix+orders.Topic, prefix+orders.Topic+".dlq"); err != nil {
-		fmt.Fprintf(out, "warning: could not create topics (%s); relying on auto-creation\n", err)
+	if err := createTopics(ctx, kcfg, d.prefix+orders.Topic, d.prefix+orders.Topic+".dlq"); err != nil {
+		fmt.Fprintf(d.out, "warning: could not create topics (%s); relying on auto-creation\n", err)
 	}
+	return nil
+}
 
-	// Two relayers and the loyalty consumer run until the checks are done.
-	var (
-		lagMu sync.Mutex
-		lags  []time.Duration
-		// Lag is measured on first deliveries only: a forced redelivery's
-		// created_at is long past, and would read as lag.
-		measuring atomic.Bool
-	)
-	measuring.Store(true)
+// startServices starts two relayers and the loyalty consumer; they run
+// until stopServices.
+func (d *demo) startServices(ctx context.Context) error {
+	// Lag is measured on first deliveries only: a forced redelivery's
+	// created_at is long past, and would read as lag.
+	d.measuring.Store(true)
 	runCtx, stopRun := context.WithCancel(ctx)
-	defer stopRun()
+	d.deferred(stopRun)
+	d.stopRun = stopRun
 	g, gctx := errgroup.WithContext(runCtx)
-	var relayers []*relay.Relayer
+	d.g, d.gctx = g, gctx
+	schema := d.rep.Schema
 	for i := range 2 {
-		client, err := kafkapub.NewPublisherClient(kcfg)
+		client, err := kafkapub.NewPublisherClient(d.kcfg)
 		if err != nil {
-			return rep, err
+			return err
 		}
-		defer client.Close()
+		d.deferred(client.Close)
 		r, err := relay.New(relay.Config{
-			Pool: pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}),
-			Tables: tables, TopicPrefix: prefix, PollInterval: 200 * time.Millisecond,
-			Logger: cfg.Logger.With("relayer", i+1),
+			Pool: d.pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}),
+			Tables: d.tables, TopicPrefix: d.prefix, PollInterval: 200 * time.Millisecond,
+			Logger: d.cfg.Logger.With("relayer", i+1),
 			OnBatch: func(b relay.BatchResult) {
-				if !measuring.Load() {
+				if !d.measuring.Load() {
 					return
 				}
-				lagMu.Lock()
-				lags = append(lags, b.Latencies...)
-				lagMu.Unlock()
+				d.lagMu.Lock()
+				d.lags = append(d.lags, b.Latencies...)
+				d.lagMu.Unlock()
 			},
 		})
 		if err != nil {
-			return rep, err
+			return err
 		}
-		relayers = append(relayers, r)
+		d.relayers = append(d.relayers, r)
 		g.Go(func() error { return r.Run(gctx) })
 	}
 	cons, err := consumer.New(consumer.Config{
-		Name: orders.LoyaltyConsumer + "-" + schema, Pool: pool, Tables: tables,
-		Client: kcfg, Topics: []string{prefix + orders.Topic},
-		Handlers: orders.Handlers(), Logger: cfg.Logger.With("consumer", orders.LoyaltyConsumer),
+		Name: orders.LoyaltyConsumer + "-" + schema, Pool: d.pool, Tables: d.tables,
+		Client: d.kcfg, Topics: []string{d.prefix + orders.Topic},
+		Handlers: orders.Handlers(), Logger: d.cfg.Logger.With("consumer", orders.LoyaltyConsumer),
 	})
 	if err != nil {
-		return rep, err
+		return err
 	}
+	d.cons = cons
 	g.Go(func() error { return cons.Run(gctx) })
+	return nil
+}
 
-	published := func() int64 {
-		var n int64
-		for _, r := range relayers {
-			n += r.Stats().Dispatched
-		}
-		return n
+// published is how many events the relayers have had acknowledged.
+func (d *demo) published() int64 {
+	var n int64
+	for _, r := range d.relayers {
+		n += r.Stats().Dispatched
 	}
-	var attempted, committed, rolledBack atomic.Int64
-	lastLine := time.Time{}
-	progress := func(phase string) {
-		if !cfg.Progress {
-			return
-		}
-		s := cons.Stats()
-		line := fmt.Sprintf("%-12s orders %d/%d (%d rolled back)  published %d  consumed %d  duplicates %d",
-			phase, attempted.Load(), cfg.Orders, rolledBack.Load(), published(), s.Processed, s.Duplicates)
-		if isTerminal(out) {
-			fmt.Fprintf(out, "\r%s   ", line)
-		} else if time.Since(lastLine) >= time.Second {
-			// Logs get a line a second, not a carriage-return smear.
-			fmt.Fprintln(out, line)
-			lastLine = time.Now()
-		}
-	}
+	return n
+}
 
-	// Place orders from concurrent writers; every DuplicateEvery-th order
-	// reuses a committed order's id, fails on the primary key and rolls
-	// back, taking its event with it.
+// progress writes the progress line, if enabled.
+func (d *demo) progress(phase string) {
+	if !d.cfg.Progress {
+		return
+	}
+	s := d.cons.Stats()
+	line := fmt.Sprintf("%-12s orders %d/%d (%d rolled back)  published %d  consumed %d  duplicates %d",
+		phase, d.attempted.Load(), d.cfg.Orders, d.rolledBack.Load(), d.published(), s.Processed, s.Duplicates)
+	if isTerminal(d.out) {
+		fmt.Fprintf(d.out, "\r%s   ", line)
+	} else if time.Since(d.lastLine) >= time.Second {
+		// Logs get a line a second, not a carriage-return smear.
+		fmt.Fprintln(d.out, line)
+		d.lastLine = time.Now()
+	}
+}
+
+// placeOrders places orders from concurrent writers; every
+// DuplicateEvery-th order reuses a committed order's id, fails on the
+// primary key and rolls back, taking its event with it.
+func (d *demo) placeOrders(ctx context.Context) error {
+	cfg := d.cfg
 	var (
 		idsMu sync.Mutex
 		ids   []uuid.UUID
@@ -292,24 +372,24 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 					}
 					idsMu.Unlock()
 				}
-				attempted.Add(1)
-				_, err := orders.PlaceOrder(ctx, pool, producer, o)
+				d.attempted.Add(1)
+				_, err := orders.PlaceOrder(ctx, d.pool, d.producer, o)
 				switch {
 				case err == nil:
-					committed.Add(1)
+					d.committed.Add(1)
 					idsMu.Lock()
 					ids = append(ids, o.ID)
 					idsMu.Unlock()
 				case orders.IsDuplicate(err):
-					rolledBack.Add(1)
+					d.rolledBack.Add(1)
 				default:
 					return fmt.Errorf("place order: %w", err)
 				}
 			}
 		})
 	}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
+	d.tick = time.NewTicker(200 * time.Millisecond)
+	d.deferred(d.tick.Stop)
 	placed := make(chan error, 1)
 	go func() { placed <- wg.Wait() }()
 waitPlaced:
@@ -317,75 +397,92 @@ waitPlaced:
 		select {
 		case err := <-placed:
 			if err != nil {
-				return rep, err
+				return err
 			}
 			break waitPlaced
-		case <-tick.C:
-			progress("placing")
+		case <-d.tick.C:
+			d.progress("placing")
 		case <-ctx.Done():
-			return rep, fmt.Errorf("placing orders: %w", ctx.Err())
+			return fmt.Errorf("placing orders: %w", ctx.Err())
 		}
 	}
-	rep.OrdersAttempted, rep.OrdersCommitted, rep.OrdersRolledBack = attempted.Load(), committed.Load(), rolledBack.Load()
+	d.rep.OrdersAttempted, d.rep.OrdersCommitted, d.rep.OrdersRolledBack = d.attempted.Load(), d.committed.Load(), d.rolledBack.Load()
+	return nil
+}
 
-	waitFor := func(phase string, cond func() bool) error {
-		for !cond() {
-			select {
-			case <-tick.C:
-				progress(phase)
-			case <-gctx.Done():
-				return fmt.Errorf("%s: a relayer or the consumer stopped: %w", phase, context.Cause(gctx))
-			case <-ctx.Done():
-				return fmt.Errorf("%s: timed out after %s", phase, cfg.Timeout)
-			}
+// waitFor waits until cond holds, writing progress.
+func (d *demo) waitFor(ctx context.Context, phase string, cond func() bool) error {
+	for !cond() {
+		select {
+		case <-d.tick.C:
+			d.progress(phase)
+		case <-d.gctx.Done():
+			return fmt.Errorf("%s: a relayer or the consumer stopped: %w", phase, context.Cause(d.gctx))
+		case <-ctx.Done():
+			return fmt.Errorf("%s: timed out after %s", phase, d.cfg.Timeout)
 		}
-		progress(phase)
-		return nil
 	}
-	if err := waitFor("delivering", func() bool { return cons.Stats().Processed >= rep.OrdersCommitted }); err != nil {
-		return rep, err
-	}
+	d.progress(phase)
+	return nil
+}
 
-	// Force a redelivery, as a relayer crash between publish and mark
-	// would: set some dispatched rows back to pending. The relayers
-	// publish them again; the consumer must skip them.
-	measuring.Store(false)
-	tag, err := pool.Exec(ctx, "UPDATE "+tables.OutboxIdent()+" SET dispatched_at = NULL WHERE id IN (SELECT id FROM "+tables.OutboxIdent()+" ORDER BY random() LIMIT $1)", cfg.Redeliver)
+// awaitDelivery waits until the consumer has processed every committed
+// order's event.
+func (d *demo) awaitDelivery(ctx context.Context) error {
+	return d.waitFor(ctx, "delivering", func() bool { return d.cons.Stats().Processed >= d.rep.OrdersCommitted })
+}
+
+// redeliver forces a redelivery, as a relayer crash between publish and
+// mark would: it sets some dispatched rows back to pending. The relayers
+// publish them again; the consumer must skip them.
+func (d *demo) redeliver(ctx context.Context) error {
+	d.measuring.Store(false)
+	tag, err := d.pool.Exec(ctx, "UPDATE "+d.tables.OutboxIdent()+" SET dispatched_at = NULL WHERE id IN (SELECT id FROM "+d.tables.OutboxIdent()+" ORDER BY random() LIMIT $1)", d.cfg.Redeliver)
 	if err != nil {
-		return rep, fmt.Errorf("force redelivery: %w", err)
+		return fmt.Errorf("force redelivery: %w", err)
 	}
-	rep.Redelivered = tag.RowsAffected()
-	before := cons.Stats().Duplicates
-	if err := waitFor("redelivering", func() bool { return cons.Stats().Duplicates-before >= rep.Redelivered }); err != nil {
-		return rep, err
+	d.rep.Redelivered = tag.RowsAffected()
+	before := d.cons.Stats().Duplicates
+	if err := d.waitFor(ctx, "redelivering", func() bool { return d.cons.Stats().Duplicates-before >= d.rep.Redelivered }); err != nil {
+		return err
 	}
 	// Let stragglers (a record published twice by the at-least-once path)
 	// show up before counting.
 	time.Sleep(300 * time.Millisecond)
-	if cfg.Progress && isTerminal(out) {
-		fmt.Fprintln(out)
+	if d.cfg.Progress && isTerminal(d.out) {
+		fmt.Fprintln(d.out)
 	}
+	return nil
+}
 
-	stopRun()
-	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
-		return rep, fmt.Errorf("relayer or consumer failed: %w", err)
+// stopServices stops the relayers and the consumer and waits for them.
+func (d *demo) stopServices(context.Context) error {
+	d.stopRun()
+	if err := d.g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("relayer or consumer failed: %w", err)
 	}
+	return nil
+}
 
-	// Gather and check.
-	s := cons.Stats()
-	rep.Published, rep.Consumed, rep.DuplicatesSkipped, rep.DeadLetters = published(), s.Processed, s.Duplicates, s.DeadLettered
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tables.OutboxIdent()).Scan(&rep.EventsInOutbox); err != nil {
-		return rep, err
+// checkInvariants gathers the figures into the report and records every
+// broken invariant in its Failures.
+func (d *demo) checkInvariants(ctx context.Context) error {
+	rep := &d.rep
+	s := d.cons.Stats()
+	rep.Published, rep.Consumed, rep.DuplicatesSkipped, rep.DeadLetters = d.published(), s.Processed, s.Duplicates, s.DeadLettered
+	if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+d.tables.OutboxIdent()).Scan(&rep.EventsInOutbox); err != nil {
+		return err
 	}
 	rep.EventsEmitted = rep.OrdersCommitted
-	if rep.Points, err = orders.CheckPoints(ctx, pool); err != nil {
-		return rep, err
+	var err error
+	if rep.Points, err = orders.CheckPoints(ctx, d.pool); err != nil {
+		return err
 	}
 	var pending int64
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tables.OutboxIdent()+" WHERE dispatched_at IS NULL").Scan(&pending); err != nil {
-		return rep, err
+	if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+d.tables.OutboxIdent()+" WHERE dispatched_at IS NULL").Scan(&pending); err != nil {
+		return err
 	}
-	rep.LagP50, rep.LagP99, rep.LagMax = percentiles(lags)
+	rep.LagP50, rep.LagP99, rep.LagMax = percentiles(d.lags)
 	check := func(ok bool, format string, args ...any) {
 		if !ok {
 			rep.Failures = append(rep.Failures, fmt.Sprintf(format, args...))
@@ -400,8 +497,7 @@ waitPlaced:
 	check(rep.DeadLetters == 0, "%d records dead-lettered", rep.DeadLetters)
 	check(rep.Points.OK(), "loyalty points wrong: %s", rep.Points)
 	check(rep.Points.Orders == rep.OrdersCommitted, "orders table holds %d orders, %d committed", rep.Points.Orders, rep.OrdersCommitted)
-	rep.Elapsed = time.Since(start)
-	return rep, nil
+	return nil
 }
 
 // Print writes the report.

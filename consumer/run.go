@@ -1,0 +1,292 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox/internal/backoff"
+)
+
+// leaveTimeout bounds leaving the group at shutdown (with the final offset
+// commit it triggers).
+const leaveTimeout = 15 * time.Second
+
+// Run consumes until ctx is cancelled, then lets the transaction in flight
+// finish (within ShutdownTimeout), commits the offsets of what is done,
+// leaves the group and returns nil. It returns an error only when it cannot
+// start (the database is unreachable, or the processed table missing), when
+// it is called twice, or when BeforeCommit stops it. Bad records never stop it: they are
+// dead-lettered. Database and broker outages are waited out.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.started.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run was already called; create a new Consumer to run again")
+	}
+	if !c.cfg.SkipSchemaCheck {
+		if err := c.proc.Check(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	dlqCl, err := kgo.NewClient(c.dlqOpts...)
+	if err != nil {
+		return fmt.Errorf("consumer: kafka client: %w", err)
+	}
+	defer dlqCl.Close()
+	c.dlqCl = dlqCl
+	cl, err := kgo.NewClient(c.opts...)
+	if err != nil {
+		return fmt.Errorf("consumer: kafka client: %w", err)
+	}
+	c.client = cl
+
+	// The transaction in flight must not die with ctx: it finishes, then
+	// Run returns. Only ShutdownTimeout after cancellation is it cut short.
+	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+	stopAfter := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(c.cfg.ShutdownTimeout, cancelWork)
+		context.AfterFunc(work, func() { t.Stop() })
+	})
+	defer stopAfter()
+
+	c.log.Info("consumer started", "group", c.cfg.Group, "topics", c.cfg.Topics, "batch_size", c.cfg.BatchSize, "max_attempts", c.cfg.MaxAttempts)
+	runErr := c.consume(ctx, work, cl)
+	c.leave(ctx, cl, runErr)
+	if runErr != nil {
+		c.log.Error("consumer stopped", "err", runErr)
+		return runErr
+	}
+	c.log.Info("consumer stopped")
+	return nil
+}
+
+// consume polls and processes until ctx is cancelled or the client closes.
+// It returns an error only when BeforeCommit stopped the consumer.
+func (c *Consumer) consume(ctx, work context.Context, cl *kgo.Client) error {
+	for ctx.Err() == nil {
+		select { // a signal from the previous poll is stale
+		case <-c.hurry:
+		default:
+		}
+		fetches := cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			return nil
+		}
+		errored := false
+		fetches.EachError(func(topic string, partition int32, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			errored = true
+			c.log.Warn("kafka fetch failed; retrying", "topic", topic, "partition", partition, "err", err)
+		})
+		if fetches.NumRecords() == 0 {
+			cl.AllowRebalance()
+			if errored && !backoff.Sleep(ctx, c.cfg.BackoffMin) {
+				return nil
+			}
+			continue
+		}
+		if err := c.poll(ctx, work, fetches); err != nil {
+			return err
+		}
+		cl.AllowRebalance()
+	}
+	return nil
+}
+
+// leave leaves the group and closes cl. A failure to leave is logged
+// unless runErr (why the consumer stopped) is already being reported.
+func (c *Consumer) leave(ctx context.Context, cl *kgo.Client, runErr error) {
+	// Leaving the group runs onRevoked, which commits any offsets a failed
+	// commit left behind. Bound the leave: a dead broker must not hold
+	// shutdown forever.
+	cl.AllowRebalance()
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaveTimeout)
+	if err := cl.LeaveGroupContext(lctx); err != nil && runErr == nil {
+		c.log.Warn("leaving the consumer group failed; its partitions move after the session timeout", "err", err)
+	}
+	cancel()
+	cl.Close()
+}
+
+// item is one record of a poll, decoded.
+type item struct {
+	rec *kgo.Record
+	ev  Event
+	bad *malformed
+}
+
+// poll processes one poll's records, commits the offsets of what is done,
+// and rewinds partitions whose records were abandoned so they are polled
+// again. It returns an error only when BeforeCommit stopped the consumer.
+func (c *Consumer) poll(ctx, work context.Context, fetches kgo.Fetches) error {
+	// stop ends processing early: on shutdown, or when a rebalance waits.
+	stop, cancelStop := context.WithCancel(ctx)
+	defer cancelStop()
+	go func() {
+		select {
+		case <-c.hurry:
+			c.log.Info("rebalance waiting; yielding after the transaction in flight")
+			cancelStop()
+		case <-stop.Done():
+		}
+	}()
+
+	parts := c.decodeFetches(fetches)
+	// Commit what is done while the rest of the poll is processed, so a
+	// slow or stuck record does not hold back the other partitions'
+	// commits.
+	committerDone := c.commitEvery(stop, cancelStop)
+	done := c.partitions(stop, work, parts)
+	cancelStop()
+	<-committerDone
+
+	rewind := rewindOffsets(parts, done)
+	if err := c.commit(c.client, nil); err != nil {
+		return err
+	}
+	if len(rewind) > 0 && ctx.Err() == nil {
+		// The client's fetch position is past the abandoned records; move it
+		// back so they come again (after the rebalance, to whichever member
+		// then owns the partition: a revoked partition starts from the
+		// committed offset anyway).
+		c.client.SetOffsets(rewind)
+	}
+	return nil
+}
+
+// decodeFetches decodes a poll's records, one slice per partition.
+func (c *Consumer) decodeFetches(fetches kgo.Fetches) [][]item {
+	var parts [][]item
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) == 0 {
+			return
+		}
+		items := make([]item, len(p.Records))
+		for i, r := range p.Records {
+			items[i] = c.decode(r)
+		}
+		c.records.Add(int64(len(items)))
+		parts = append(parts, items)
+	})
+	return parts
+}
+
+// commitEvery commits what is done every CommitInterval until stop is
+// done, and calls cancelStop if BeforeCommit stops the consumer. The
+// channel it returns closes when it has stopped.
+func (c *Consumer) commitEvery(stop context.Context, cancelStop context.CancelFunc) <-chan struct{} {
+	committerDone := make(chan struct{})
+	go func() {
+		defer close(committerDone)
+		tick := time.NewTicker(c.cfg.CommitInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop.Done():
+				return
+			case <-tick.C:
+				if err := c.commit(c.client, nil); err != nil {
+					cancelStop() // BeforeCommit stopped us: stop processing
+					return
+				}
+			}
+		}
+	}()
+	return committerDone
+}
+
+// partitions processes each partition's records, Concurrency partitions at
+// once, and returns how many leading records of each are done.
+func (c *Consumer) partitions(stop, work context.Context, parts [][]item) []int {
+	done := make([]int, len(parts))
+	sem := make(chan struct{}, c.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for i, items := range parts {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			done[i] = c.partition(stop, work, items)
+		})
+	}
+	wg.Wait()
+	return done
+}
+
+// rewindOffsets returns, for each partition with abandoned records, the
+// offset of its first abandoned record.
+func rewindOffsets(parts [][]item, done []int) map[string]map[int32]kgo.EpochOffset {
+	rewind := map[string]map[int32]kgo.EpochOffset{}
+	for i, items := range parts {
+		if n := done[i]; n < len(items) {
+			r := items[n].rec
+			if rewind[r.Topic] == nil {
+				rewind[r.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			rewind[r.Topic][r.Partition] = kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset}
+		}
+	}
+	return rewind
+}
+
+// partition processes one partition's records in order and returns how
+// many leading records are done: processed, duplicates or dead-lettered.
+// The rest were abandoned because stop was cancelled.
+func (c *Consumer) partition(stop, work context.Context, items []item) int {
+	i := 0
+	for i < len(items) && stop.Err() == nil {
+		if items[i].bad != nil {
+			if !c.deadLetter(stop, work, items[i].rec, 0, items[i].bad.Error()) {
+				return i
+			}
+			c.malformed.Add(1)
+			c.markDone(items[i].rec)
+			i++
+			continue
+		}
+		j := i
+		for j < len(items) && j-i < c.cfg.BatchSize && items[j].bad == nil {
+			j++
+		}
+		run := items[i:j]
+		var failed *HandlerError
+		if len(run) > 1 {
+			evs := make([]Event, len(run))
+			for k, it := range run {
+				evs[k] = it.ev
+			}
+			_, err := c.proc.ProcessBatch(work, evs, c.dispatch)
+			if err == nil {
+				c.markDone(run[len(run)-1].rec)
+				i = j
+				continue
+			}
+			// One failed (or the database did): one by one, so the rest
+			// commit and the failing one is retried or dead-lettered alone.
+			// Its failure in the batch counts as its first attempt.
+			if !errors.As(err, &failed) {
+				failed = nil
+			}
+		}
+		for k, it := range run {
+			var prior *HandlerError
+			if failed != nil && failed.Index == k {
+				prior = failed
+			}
+			if !c.processOne(stop, work, it, prior) {
+				return i
+			}
+			c.markDone(it.rec)
+			i++
+		}
+	}
+	return i
+}
