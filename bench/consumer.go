@@ -66,6 +66,12 @@ func benchEvents(n int) ([]consumer.Event, error) {
 	return evs, nil
 }
 
+// consumerRun is one path through the consumer the scenario measures.
+type consumerRun struct {
+	key, name string
+	batch     int
+}
+
 func runConsumer(ctx context.Context, s *session) (*Result, error) {
 	cfg := s.cfg
 	n := pick(cfg.Short, 2_000, 50_000)
@@ -90,56 +96,24 @@ func runConsumer(ctx context.Context, s *session) (*Result, error) {
 	res.param("kafka", "consumer.Consumer reading the records from the broker (defaults: BatchSize 100, Concurrency 4), until every event is processed")
 
 	t := Table{Title: "idempotent processing", Columns: []string{"path", "events/s", "seconds", "processed", "duplicates"}}
-	type run struct {
-		key, name string
-		batch     int
-	}
-	runs := []run{{"single", "Processor.Process, 1 event per tx", 1}, {"batch_100", "Processor.ProcessBatch, 100 per tx", 100}, {"batch_1000", "Processor.ProcessBatch, 1,000 per tx", 1000}}
+	runs := []consumerRun{{"single", "Processor.Process, 1 event per tx", 1}, {"batch_100", "Processor.ProcessBatch, 100 per tx", 100}, {"batch_1000", "Processor.ProcessBatch, 1,000 per tx", 1000}}
 	if !cfg.Short {
 		// The dedupe's own cost: the same batches with a handler that
 		// writes nothing.
-		runs = append(runs, run{"batch_1000_noop", "Processor.ProcessBatch, 1,000 per tx, handler writes nothing", 1000})
+		runs = append(runs, consumerRun{"batch_1000_noop", "Processor.ProcessBatch, 1,000 per tx, handler writes nothing", 1000})
 	}
-	runs = append(runs, run{"batch_1000_bulk", "Processor.ProcessBatchFunc, 1,000 per tx, one INSERT for the batch's ledger rows", 1000})
+	runs = append(runs, consumerRun{"batch_1000_bulk", "Processor.ProcessBatchFunc, 1,000 per tx, one INSERT for the batch's ledger rows", 1000})
 	for _, r := range runs {
-		name := "bench-" + r.key
-		p, err := consumer.NewProcessor(consumer.ProcessorConfig{Name: name, Pool: e.pool, Tables: e.tables})
+		elapsed, st, err := processorRun(ctx, s, e, evs, workers, r)
 		if err != nil {
 			return nil, err
-		}
-		h, bh := ledgerHandler(name), consumer.BatchHandler(nil)
-		switch r.key {
-		case "batch_1000_noop":
-			h = func(context.Context, pgx.Tx, consumer.Event) error { return nil }
-		case "batch_1000_bulk":
-			bh = ledgerBatchHandler(name)
-		}
-		s.progress("consumer: %s", r.name)
-		elapsed, err := processAll(ctx, p, evs, r.batch, workers, h, bh)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", r.name, err)
-		}
-		// Redeliver everything: nothing may run twice.
-		if _, err := processAll(ctx, p, evs, 1000, workers, h, bh); err != nil {
-			return nil, fmt.Errorf("%s, redelivery: %w", r.name, err)
-		}
-		st := p.Stats()
-		want := int64(n)
-		if r.key == "batch_1000_noop" {
-			want = 0
-		}
-		if err := checkLedger(ctx, e, name, want); err != nil {
-			return nil, fmt.Errorf("%s: %w", r.name, err)
-		}
-		if st.Processed != int64(n) || st.Duplicates != int64(n) {
-			return nil, fmt.Errorf("%s: processed %d and skipped %d duplicates; want %d and %d", r.name, st.Processed, st.Duplicates, n, n)
 		}
 		t.Rows = append(t.Rows, []string{r.name, rate(perSecond(int64(n), elapsed)), fmt.Sprintf("%.2f", elapsed.Seconds()), thousands(st.Processed), thousands(st.Duplicates) + " (redelivered)"})
 		res.metric("consumer."+r.key+".events_per_s", perSecond(int64(n), elapsed))
 		res.metric("consumer."+r.key+".processed", float64(st.Processed))
 	}
 
-	for _, r := range []run{{"kafka_single", "Kafka consumer, BatchSize 1", 1}, {"kafka_batch", "Kafka consumer, defaults (BatchSize 100)", 0}} {
+	for _, r := range []consumerRun{{"kafka_single", "Kafka consumer, BatchSize 1", 1}, {"kafka_batch", "Kafka consumer, defaults (BatchSize 100)", 0}} {
 		s.progress("consumer: %s", r.name)
 		elapsed, st, err := consumeFromKafka(ctx, s, e, evs, "bench-"+r.key, r.batch)
 		if err != nil {
@@ -155,6 +129,46 @@ func runConsumer(ctx context.Context, s *session) (*Result, error) {
 	res.target("idempotent consumer, batched", ">= 20,000 events/s (handler writes one row per event)",
 		fmt.Sprintf("%s events/s ProcessBatchFunc (one INSERT per batch); %s ProcessBatch (one INSERT per event); %s through Kafka", rate(bulk), rate(perEvent), rate(res.Metrics["consumer.kafka_batch.events_per_s"])), max(bulk, perEvent) >= 20_000)
 	return res, nil
+}
+
+// processorRun processes evs with a fresh consumer.Processor the way r
+// says, then redelivers them all, and checks that each ran exactly once.
+// It returns the first pass's wall time and the processor's counters.
+func processorRun(ctx context.Context, s *session, e *env, evs []consumer.Event, workers int, r consumerRun) (time.Duration, consumer.ProcessorStats, error) {
+	n := len(evs)
+	name := "bench-" + r.key
+	p, err := consumer.NewProcessor(consumer.ProcessorConfig{Name: name, Pool: e.pool, Tables: e.tables})
+	if err != nil {
+		return 0, consumer.ProcessorStats{}, err
+	}
+	h, bh := ledgerHandler(name), consumer.BatchHandler(nil)
+	switch r.key {
+	case "batch_1000_noop":
+		h = func(context.Context, pgx.Tx, consumer.Event) error { return nil }
+	case "batch_1000_bulk":
+		bh = ledgerBatchHandler(name)
+	}
+	s.progress("consumer: %s", r.name)
+	elapsed, err := processAll(ctx, p, evs, r.batch, workers, h, bh)
+	if err != nil {
+		return 0, consumer.ProcessorStats{}, fmt.Errorf("%s: %w", r.name, err)
+	}
+	// Redeliver everything: nothing may run twice.
+	if _, err := processAll(ctx, p, evs, 1000, workers, h, bh); err != nil {
+		return 0, consumer.ProcessorStats{}, fmt.Errorf("%s, redelivery: %w", r.name, err)
+	}
+	st := p.Stats()
+	want := int64(n)
+	if r.key == "batch_1000_noop" {
+		want = 0
+	}
+	if err := checkLedger(ctx, e, name, want); err != nil {
+		return 0, st, fmt.Errorf("%s: %w", r.name, err)
+	}
+	if st.Processed != int64(n) || st.Duplicates != int64(n) {
+		return 0, st, fmt.Errorf("%s: processed %d and skipped %d duplicates; want %d and %d", r.name, st.Processed, st.Duplicates, n, n)
+	}
+	return elapsed, st, nil
 }
 
 // processAll feeds evs to p from `workers` goroutines, `batch` events per

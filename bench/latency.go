@@ -170,6 +170,48 @@ func latencyOnce(ctx context.Context, s *session, e *env, r latencyRun, window t
 	// Let the relayer finish its first (empty) poll and start listening.
 	time.Sleep(300 * time.Millisecond)
 
+	st.writers = latencyWriters(s.cfg.Writers, r.rate)
+	em, err := emitAtRate(ctx, s, e, p, clock, r, window, st.writers)
+	if err != nil {
+		return st, err
+	}
+	total := em.events
+	if _, err := g.waitFor(ctx, total, 30*time.Second); err != nil {
+		return st, err
+	}
+	if err := g.stop(); err != nil {
+		return st, err
+	}
+	d := drainResult{events: g.dispatched.Load()}
+	if err := e.checkDrained(ctx, b, prefix+"order", total, &d); err != nil {
+		return st, err
+	}
+	st.events = total
+	st.achieved = perSecond(total, em.elapsed)
+	st.fromStart = slices.Clone(g.latencies())
+	slices.Sort(st.fromStart)
+	if int64(len(st.fromStart)) != total {
+		return st, fmt.Errorf("%d latencies for %d events", len(st.fromStart), total)
+	}
+	if st.lat, err = clock.latencies(); err != nil {
+		return st, err
+	}
+	st.commit = em.commit
+	slices.Sort(st.commit)
+	return st, nil
+}
+
+// emitOutcome is what emitAtRate did.
+type emitOutcome struct {
+	events  int64
+	elapsed time.Duration
+	commit  []time.Duration // emit transaction durations, unsorted
+}
+
+// emitAtRate emits one event per transaction from writers goroutines,
+// paced at r.rate, for window, and notes each commit on clock. It returns
+// the first emit error, if any.
+func emitAtRate(ctx context.Context, s *session, e *env, p *outbox.Producer, clock *ackClock, r latencyRun, window time.Duration, writers int) (emitOutcome, error) {
 	aggs := make([]uuid.UUID, s.cfg.Aggregates)
 	for i := range aggs {
 		aggs[i] = uuid.New()
@@ -187,8 +229,7 @@ func latencyOnce(ctx context.Context, s *session, e *env, r latencyRun, window t
 		wg     sync.WaitGroup
 	)
 	start := time.Now()
-	st.writers = latencyWriters(s.cfg.Writers, r.rate)
-	for range st.writers {
+	for range writers {
 		wg.Go(func() {
 			var mine []time.Duration
 			defer func() { mu.Lock(); commit = append(commit, mine...); mu.Unlock() }()
@@ -224,30 +265,7 @@ func latencyOnce(ctx context.Context, s *session, e *env, r latencyRun, window t
 	wg.Wait()
 	elapsed := time.Since(start)
 	if len(errs) > 0 {
-		return st, errs[0]
+		return emitOutcome{}, errs[0]
 	}
-	total := emitted.Load()
-	if _, err := g.waitFor(ctx, total, 30*time.Second); err != nil {
-		return st, err
-	}
-	if err := g.stop(); err != nil {
-		return st, err
-	}
-	d := drainResult{events: g.dispatched.Load()}
-	if err := e.checkDrained(ctx, b, prefix+"order", total, &d); err != nil {
-		return st, err
-	}
-	st.events = total
-	st.achieved = perSecond(total, elapsed)
-	st.fromStart = slices.Clone(g.latencies())
-	slices.Sort(st.fromStart)
-	if int64(len(st.fromStart)) != total {
-		return st, fmt.Errorf("%d latencies for %d events", len(st.fromStart), total)
-	}
-	if st.lat, err = clock.latencies(); err != nil {
-		return st, err
-	}
-	st.commit = commit
-	slices.Sort(st.commit)
-	return st, nil
+	return emitOutcome{events: emitted.Load(), elapsed: elapsed, commit: commit}, nil
 }

@@ -48,54 +48,8 @@ func runMemory(ctx context.Context, s *session) (*Result, error) {
 		return startChild(ctx, cfg, name, args...)
 	}
 
-	relay, err := start("the relay", "relay", "--topic-prefix", prefix)
+	rm, err := measureRelay(ctx, s, e, start, prefix, n)
 	if err != nil {
-		return nil, err
-	}
-	defer relay.kill()
-	// Idle first: connected, listening, nothing to do.
-	if err := relay.sleep(1500*time.Millisecond, "at start"); err != nil {
-		return nil, err
-	}
-	idle, err := relay.memory()
-	if err != nil {
-		return nil, err
-	}
-
-	s.progress("memory: preloading %d events", n)
-	t0 := time.Now()
-	if err := e.preload(ctx, int(n), cfg.Aggregates); err != nil {
-		return nil, err
-	}
-	// A bulk INSERT sends no NOTIFY; wake the relay as Emit would.
-	if err := e.exec(ctx, "SELECT pg_notify($1, '')", e.tables.Channel()); err != nil {
-		return nil, err
-	}
-	wake := time.Now()
-	preloadTime := wake.Sub(t0)
-	s.progress("memory: relay draining %d events", n)
-	deadline := wake.Add(drainTimeout(n))
-	for {
-		var left bool
-		if err := e.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+e.tables.OutboxIdent()+" WHERE dispatched_at IS NULL)").Scan(&left); err != nil {
-			return nil, err
-		}
-		if !left {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("the relay did not drain %d events within %s", n, drainTimeout(n))
-		}
-		if err := relay.sleep(100*time.Millisecond, "while draining"); err != nil {
-			return nil, err
-		}
-	}
-	relayElapsed := time.Since(wake)
-	final, err := relay.memory()
-	if err != nil {
-		return nil, err
-	}
-	if err := relay.stop(); err != nil {
 		return nil, err
 	}
 	topic := prefix + "order"
@@ -111,28 +65,102 @@ func runMemory(ctx context.Context, s *session) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	memoryReport(res, n, published, rm, cm)
+	return res, nil
+}
 
+type relayMemory struct {
+	idle, final memStatus
+	preload     time.Duration // the bulk INSERT, before the relay is woken
+	elapsed     time.Duration // from the wake-up to the drained table
+}
+
+// measureRelay runs `outbox relay` idle, then preloads n events, wakes it
+// and waits until it has dispatched them all; it stops the relay.
+func measureRelay(ctx context.Context, s *session, e *env, start func(name string, args ...string) (*child, error), prefix string, n int64) (relayMemory, error) {
+	var m relayMemory
+	relay, err := start("the relay", "relay", "--topic-prefix", prefix)
+	if err != nil {
+		return m, err
+	}
+	defer relay.kill()
+	// Idle first: connected, listening, nothing to do.
+	if err := relay.sleep(1500*time.Millisecond, "at start"); err != nil {
+		return m, err
+	}
+	if m.idle, err = relay.memory(); err != nil {
+		return m, err
+	}
+
+	s.progress("memory: preloading %d events", n)
+	t0 := time.Now()
+	if err := e.preload(ctx, int(n), s.cfg.Aggregates); err != nil {
+		return m, err
+	}
+	// A bulk INSERT sends no NOTIFY; wake the relay as Emit would.
+	if err := e.exec(ctx, "SELECT pg_notify($1, '')", e.tables.Channel()); err != nil {
+		return m, err
+	}
+	wake := time.Now()
+	m.preload = wake.Sub(t0)
+	s.progress("memory: relay draining %d events", n)
+	if err := awaitDrained(ctx, e, relay, n, wake); err != nil {
+		return m, err
+	}
+	m.elapsed = time.Since(wake)
+	if m.final, err = relay.memory(); err != nil {
+		return m, err
+	}
+	if err := relay.stop(); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// awaitDrained polls every 100 ms until the outbox has no pending row,
+// failing when relay exits or the drain takes longer than drainTimeout
+// from wake.
+func awaitDrained(ctx context.Context, e *env, relay *child, n int64, wake time.Time) error {
+	deadline := wake.Add(drainTimeout(n))
+	for {
+		var left bool
+		if err := e.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+e.tables.OutboxIdent()+" WHERE dispatched_at IS NULL)").Scan(&left); err != nil {
+			return err
+		}
+		if !left {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the relay did not drain %d events within %s", n, drainTimeout(n))
+		}
+		if err := relay.sleep(100*time.Millisecond, "while draining"); err != nil {
+			return err
+		}
+	}
+}
+
+// memoryReport writes the memory scenario's table, metrics and targets.
+func memoryReport(res *Result, n, published int64, rm relayMemory, cm consumerMemory) {
 	res.Tables = append(res.Tables, Table{Title: "relay and consumer process memory", Columns: []string{"process, phase", "VmRSS", "VmHWM (peak)", "events/s"}, Rows: [][]string{
-		{"relay idle (connected, listening)", mib(idle.rss), mib(idle.hwm), "-"},
-		{fmt.Sprintf("relay after draining %s events", thousands(n)), mib(final.rss), mib(final.hwm), rate(perSecond(n, relayElapsed))},
+		{"relay idle (connected, listening)", mib(rm.idle.rss), mib(rm.idle.hwm), "-"},
+		{fmt.Sprintf("relay after draining %s events", thousands(n)), mib(rm.final.rss), mib(rm.final.hwm), rate(perSecond(n, rm.elapsed))},
 		{"consumer idle (connected, in its group)", mib(cm.idle.rss), mib(cm.idle.hwm), "-"},
 		{fmt.Sprintf("consumer after processing %s events", thousands(n)), mib(cm.final.rss), mib(cm.final.hwm), rate(perSecond(n, cm.elapsed))},
 	}})
-	res.metric("memory.idle_rss_bytes", float64(idle.rss))
-	res.metric("memory.peak_rss_bytes", float64(final.hwm))
+	res.metric("memory.idle_rss_bytes", float64(rm.idle.rss))
+	res.metric("memory.peak_rss_bytes", float64(rm.final.hwm))
 	res.metric("memory.events", float64(n))
 	res.metric("memory.published", float64(published))
-	res.metric("memory.events_per_s", perSecond(n, relayElapsed))
+	res.metric("memory.events_per_s", perSecond(n, rm.elapsed))
 	res.metric("memory.consumer.idle_rss_bytes", float64(cm.idle.rss))
 	res.metric("memory.consumer.rss_bytes", float64(cm.final.rss))
 	res.metric("memory.consumer.peak_rss_bytes", float64(cm.final.hwm))
 	res.metric("memory.consumer.processed", float64(cm.processed))
 	res.metric("memory.consumer.events_per_s", perSecond(n, cm.elapsed))
-	res.target(fmt.Sprintf("relay peak RSS draining %s", thousands(n)), "< 64 MiB", mib(final.hwm), final.hwm < 64<<20)
+	res.target(fmt.Sprintf("relay peak RSS draining %s", thousands(n)), "< 64 MiB", mib(rm.final.hwm), rm.final.hwm < 64<<20)
 	res.target("consumer RSS under load", "< 64 MiB", fmt.Sprintf("%s (VmHWM processing %s events)", mib(cm.final.hwm), thousands(n)), cm.final.hwm < 64<<20)
-	res.note("preload took %.1fs; drain time is measured from the wake-up, polling every 100 ms", preloadTime.Seconds())
+	res.note("preload took %.1fs; drain time is measured from the wake-up, polling every 100 ms", rm.preload.Seconds())
 	res.note("the consumer's time runs from its start (group join included) until its group's committed offsets reach the end of the topic, polled every 100 ms; the processed rows under its name are then counted")
-	return res, nil
 }
 
 type consumerMemory struct {
@@ -167,24 +195,7 @@ func measureConsumer(ctx context.Context, s *session, e *env, b *broker, start f
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 
-	// Idle: the same command on a topic that exists (so it is assigned
-	// its partitions) and stays empty.
-	idleTopic := topic + "_idle"
-	if _, err := adm.CreateTopic(ctx, -1, -1, nil, idleTopic); err != nil {
-		return m, fmt.Errorf("create the idle consumer's topic %s: %w", idleTopic, err)
-	}
-	idle, err := start("the idle consumer", "consume", "--output", "none", "--topics", idleTopic, "--name", name+"-idle")
-	if err != nil {
-		return m, err
-	}
-	defer idle.kill()
-	if err := idle.sleep(1500*time.Millisecond, "at start"); err != nil {
-		return m, err
-	}
-	if m.idle, err = idle.memory(); err != nil {
-		return m, err
-	}
-	if err := idle.stop(); err != nil {
+	if m.idle, err = measureIdleConsumer(ctx, adm, start, topic, name); err != nil {
 		return m, err
 	}
 
@@ -195,30 +206,8 @@ func measureConsumer(ctx context.Context, s *session, e *env, b *broker, start f
 		return m, err
 	}
 	defer c.kill()
-	deadline := t0.Add(drainTimeout(n))
-	var lastErr error
-	for {
-		done, err := caughtUp(ctx, adm, name, topic)
-		if err == nil && done {
-			break
-		}
-		if err != nil {
-			lastErr = err
-		}
-		if time.Now().After(deadline) {
-			got, cerr := count()
-			if cerr != nil {
-				return m, cerr
-			}
-			msg := fmt.Sprintf("the consumer processed %d of %d events within %s", got, n, drainTimeout(n))
-			if lastErr != nil {
-				msg += fmt.Sprintf(" (reading its group's offsets last failed with: %v)", lastErr)
-			}
-			return m, errors.New(msg)
-		}
-		if err := c.sleep(100*time.Millisecond, "while processing"); err != nil {
-			return m, err
-		}
+	if err := awaitCaughtUp(ctx, adm, c, count, name, topic, n, t0); err != nil {
+		return m, err
 	}
 	m.elapsed = time.Since(t0)
 	if m.final, err = c.memory(); err != nil {
@@ -235,6 +224,62 @@ func measureConsumer(ctx context.Context, s *session, e *env, b *broker, start f
 			topic, m.processed, name, n)
 	}
 	return m, nil
+}
+
+// measureIdleConsumer runs the same command on a topic that exists (so it
+// is assigned its partitions) and stays empty, and reads its memory.
+func measureIdleConsumer(ctx context.Context, adm *kadm.Client, start func(name string, args ...string) (*child, error), topic, name string) (memStatus, error) {
+	idleTopic := topic + "_idle"
+	if _, err := adm.CreateTopic(ctx, -1, -1, nil, idleTopic); err != nil {
+		return memStatus{}, fmt.Errorf("create the idle consumer's topic %s: %w", idleTopic, err)
+	}
+	idle, err := start("the idle consumer", "consume", "--output", "none", "--topics", idleTopic, "--name", name+"-idle")
+	if err != nil {
+		return memStatus{}, err
+	}
+	defer idle.kill()
+	if err := idle.sleep(1500*time.Millisecond, "at start"); err != nil {
+		return memStatus{}, err
+	}
+	st, err := idle.memory()
+	if err != nil {
+		return st, err
+	}
+	if err := idle.stop(); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// awaitCaughtUp polls every 100 ms until group name has committed the end
+// of topic, failing when c exits or it takes longer than drainTimeout from
+// t0; count says how far it got.
+func awaitCaughtUp(ctx context.Context, adm *kadm.Client, c *child, count func() (int64, error), name, topic string, n int64, t0 time.Time) error {
+	deadline := t0.Add(drainTimeout(n))
+	var lastErr error
+	for {
+		done, err := caughtUp(ctx, adm, name, topic)
+		if err == nil && done {
+			return nil
+		}
+		if err != nil {
+			lastErr = err
+		}
+		if time.Now().After(deadline) {
+			got, cerr := count()
+			if cerr != nil {
+				return cerr
+			}
+			msg := fmt.Sprintf("the consumer processed %d of %d events within %s", got, n, drainTimeout(n))
+			if lastErr != nil {
+				msg += fmt.Sprintf(" (reading its group's offsets last failed with: %v)", lastErr)
+			}
+			return errors.New(msg)
+		}
+		if err := c.sleep(100*time.Millisecond, "while processing"); err != nil {
+			return err
+		}
+	}
 }
 
 // caughtUp reports whether group has committed offsets at the end of every

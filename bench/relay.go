@@ -51,6 +51,27 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 	res.param("bare SQL", "one client, no broker, no ordering rule: UPDATE ... WHERE id IN (SELECT id ... ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED) until no row is left")
 	res.param("timing", "from start to the commit of the batch that dispatched the last event; %d rounds, drainers interleaved, the median round is reported", rounds)
 
+	drainers := relayDrainers(ctx, s, e, n, claimSQL)
+	results, err := drainRounds(s, drainers, rounds)
+	if err != nil {
+		return nil, err
+	}
+	relayTable(res, drainers, results, n)
+
+	if cfg.Watermill {
+		if err := relayVsWatermill(ctx, s, e, res, n, rounds); err != nil {
+			return res, err
+		}
+	} else {
+		res.note("add --watermill to drain the same preload with the Watermill forwarder (bench/watermill) and report outbox / Watermill")
+	}
+	return res, nil
+}
+
+// relayDrainers lists the drainers a round runs, the bare SQL ceiling
+// first: the others are measured against it.
+func relayDrainers(ctx context.Context, s *session, e *env, n int64, claimSQL string) []drainer {
+	cfg := s.cfg
 	table := e.tables.OutboxIdent()
 	aggs := cfg.Aggregates
 	bare := func(stmt string, args ...any) func() (drainResult, error) {
@@ -90,7 +111,12 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 			)
 		}
 	}
+	return drainers
+}
 
+// drainRounds runs every drainer once per round, interleaved, and returns
+// each drainer's results in round order.
+func drainRounds(s *session, drainers []drainer, rounds int) ([][]drainResult, error) {
 	results := make([][]drainResult, len(drainers))
 	for round := range rounds {
 		for i, d := range drainers {
@@ -102,6 +128,13 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 			results[i] = append(results[i], r)
 		}
 	}
+	return results, nil
+}
+
+// relayTable reports each drainer's median round against the bare SQL
+// ceiling (drainers[0]) and judges the best relay drainer on the target.
+// It sorts each drainer's results by rate.
+func relayTable(res *Result, drainers []drainer, results [][]drainResult, n int64) {
 	medians := make([]drainResult, len(drainers))
 	for i, rs := range results {
 		slices.SortFunc(rs, func(a, b drainResult) int { return cmp.Compare(a.rate(), b.rate()) })
@@ -131,32 +164,32 @@ func runRelay(ctx context.Context, s *session) (*Result, error) {
 		measured += fmt.Sprintf("; %.2fx with 2 relayers when aggregates do not repeat within a batch", spread/bareRate)
 	}
 	res.target("relay vs bare SQL", ">= 0.70x bare claim-and-mark, ordering on, default batch", measured, r >= 0.7)
+}
 
-	if cfg.Watermill {
-		// Like for like at the size the published comparison used (50,000
-		// events): Watermill's forwarder slows down as its table grows.
-		wn := min(n, 50_000)
-		var outs []float64
-		for range rounds {
-			d, err := drainRelay(ctx, s, e, wn, aggs, 1, nil)
-			if err != nil {
-				return res, fmt.Errorf("outbox relay on %d events: %w", wn, err)
-			}
-			outs = append(outs, d.rate())
-		}
-		out := median(outs)
-		wm, err := s.runWatermill(ctx, wn)
+// relayVsWatermill drains the same preload with one relayer and with the
+// Watermill forwarder, and reports outbox / Watermill.
+func relayVsWatermill(ctx context.Context, s *session, e *env, res *Result, n int64, rounds int) error {
+	// Like for like at the size the published comparison used (50,000
+	// events): Watermill's forwarder slows down as its table grows.
+	wn := min(n, 50_000)
+	var outs []float64
+	for range rounds {
+		d, err := drainRelay(ctx, s, e, wn, s.cfg.Aggregates, 1, nil)
 		if err != nil {
-			return res, fmt.Errorf("watermill: %w", err)
+			return fmt.Errorf("outbox relay on %d events: %w", wn, err)
 		}
-		wmTable(res, wm, out)
-		wr := out / wm.EventsPerS
-		res.metric("relay.ratio_watermill", wr)
-		res.target("relay vs Watermill", ">= 10x the Watermill forwarder (batch 1,000, 10 ms poll)", fmt.Sprintf("%.1fx (1 relayer %s vs %s events/s, %s events each)", wr, rate(out), rate(wm.EventsPerS), thousands(wn)), wr >= 10)
-	} else {
-		res.note("add --watermill to drain the same preload with the Watermill forwarder (bench/watermill) and report outbox / Watermill")
+		outs = append(outs, d.rate())
 	}
-	return res, nil
+	out := median(outs)
+	wm, err := s.runWatermill(ctx, wn)
+	if err != nil {
+		return fmt.Errorf("watermill: %w", err)
+	}
+	wmTable(res, wm, out)
+	wr := out / wm.EventsPerS
+	res.metric("relay.ratio_watermill", wr)
+	res.target("relay vs Watermill", ">= 10x the Watermill forwarder (batch 1,000, 10 ms poll)", fmt.Sprintf("%.1fx (1 relayer %s vs %s events/s, %s events each)", wr, rate(out), rate(wm.EventsPerS), thousands(wn)), wr >= 10)
+	return nil
 }
 
 // drainBare resets the table and drains it with one client running stmt

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -283,6 +284,9 @@ func runEventsRetry(ctx context.Context, g *globals, args []string, aggregate st
 	defer pool.Close()
 	cfg.Tables, cfg.Logger = t, log
 	res, err := ops.Retry(ctx, pool, cfg)
+	if errors.Is(err, ops.ErrEventDispatched) {
+		return fmt.Errorf("%w: outbox events replay --from-id %d --to-id %d --yes", err, cfg.EventID, cfg.EventID)
+	}
 	if err != nil {
 		return err
 	}

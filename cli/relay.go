@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -15,14 +16,17 @@ import (
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
+// relayOptions are the flags of `outbox relay`.
+type relayOptions struct {
+	kf      kafkaFlags
+	cfg     relay.Config
+	pcfg    kafkapub.PublisherConfig
+	deliver time.Duration
+	ops     relayOps // metrics, health, watchdog, cleanup: relayops.go
+}
+
 func newRelayCmd(g *globals) *cobra.Command {
-	var (
-		kf      kafkaFlags
-		cfg     relay.Config
-		pcfg    kafkapub.PublisherConfig
-		deliver time.Duration
-		rops    relayOps // metrics, health, watchdog, cleanup: relayops.go
-	)
+	var o relayOptions
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Publish committed outbox events to Kafka (run any number of replicas)",
@@ -42,89 +46,93 @@ connection. SIGINT/SIGTERM finish the batch in flight and
 exit 0. Database and broker outages are retried with backoff.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			ctx := c.Context()
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			t, err := g.tables()
-			if err != nil {
-				return err
-			}
-			kcfg, err := kf.brokersConfig()
-			if err != nil {
-				return err
-			}
-			if deliver <= 0 {
-				return errors.New("--delivery-timeout must be positive, e.g. 30s")
-			}
-			if pcfg.MaxMessageBytes < 0 {
-				return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", pcfg.MaxMessageBytes)
-			}
-			if len(pcfg.Source) > outbox.MaxSourceLen || outbox.ValidText(pcfg.Source) != "" {
-				return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
-			}
-			kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(deliver))
-			client, err := kafkapub.NewPublisherClient(kcfg)
-			if err != nil {
-				return err
-			}
-			defer client.Close()
-			pool, err := g.connect(ctx, 4)
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			if err := pingKafka(ctx, client, kcfg.Brokers); err != nil {
-				return err
-			}
-			cfg.Pool = pool
-			cfg.Publisher = kafkapub.NewPublisher(client, pcfg)
-			cfg.Tables = t
-			cfg.Logger = log
-			if err := rops.instrument(&cfg, client); err != nil {
-				return err
-			}
-			r, err := relay.New(cfg)
-			if err != nil {
-				return err
-			}
-			// Check the schema before the watchdog and cleanup jobs start,
-			// so an unmigrated table gives one clear error, not job warnings.
-			m, err := migrate.New(t)
-			if err != nil {
-				return err
-			}
-			if err := m.Validate(ctx, pool); err != nil {
-				return err
-			}
-			stopOps, err := rops.start(ctx, r)
-			if err != nil {
-				return err
-			}
-			defer stopOps()
-			return r.Run(ctx)
+			return runRelay(c.Context(), g, &o)
 		},
 	}
 	f := cmd.Flags()
-	kf.register(f)
-	rops.register(f)
-	f.StringVar(&cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
-	f.IntVar(&cfg.BatchSize, "batch-size", relay.DefaultBatchSize, "most rows per claim (see also --max-batch-bytes)")
-	f.DurationVar(&cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often an idle relayer looks for rows without a notification")
-	f.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most payload bytes one batch holds in memory (a single larger row goes alone)")
-	f.DurationVar(&cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
-	f.BoolVar(&cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
-	f.BoolVar(&cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
-	f.IntVar(&pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
-	f.DurationVar(&cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
-	f.DurationVar(&cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long the batch in flight may take to finish after SIGTERM")
-	f.DurationVar(&deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
+	o.kf.register(f)
+	o.ops.register(f)
+	f.StringVar(&o.cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
+	f.IntVar(&o.cfg.BatchSize, "batch-size", relay.DefaultBatchSize, "most rows per claim (see also --max-batch-bytes)")
+	f.DurationVar(&o.cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often an idle relayer looks for rows without a notification")
+	f.IntVar(&o.cfg.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most payload bytes one batch holds in memory (a single larger row goes alone)")
+	f.DurationVar(&o.cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
+	f.BoolVar(&o.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
+	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
+	f.IntVar(&o.pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
+	f.DurationVar(&o.cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
+	f.DurationVar(&o.cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
+	f.DurationVar(&o.cfg.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long the batch in flight may take to finish after SIGTERM")
+	f.DurationVar(&o.deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
 	// --max-payload-bytes was the relay's own payload limit; the publisher
 	// now learns each topic's, and the nearest meaning is an override of it.
-	f.IntVar(&pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
+	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
-	f.StringVar(&pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
+	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	return cmd
+}
+
+// runRelay runs `outbox relay` with the flags in o until ctx is cancelled.
+func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
+	log, err := g.logger()
+	if err != nil {
+		return err
+	}
+	t, err := g.tables()
+	if err != nil {
+		return err
+	}
+	kcfg, err := o.kf.brokersConfig()
+	if err != nil {
+		return err
+	}
+	if o.deliver <= 0 {
+		return errors.New("--delivery-timeout must be positive, e.g. 30s")
+	}
+	if o.pcfg.MaxMessageBytes < 0 {
+		return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", o.pcfg.MaxMessageBytes)
+	}
+	if len(o.pcfg.Source) > outbox.MaxSourceLen || outbox.ValidText(o.pcfg.Source) != "" {
+		return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
+	}
+	kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(o.deliver))
+	client, err := kafkapub.NewPublisherClient(kcfg)
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	pool, err := g.connect(ctx, 4)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := pingKafka(ctx, client, kcfg.Brokers); err != nil {
+		return err
+	}
+	o.cfg.Pool = pool
+	o.cfg.Publisher = kafkapub.NewPublisher(client, o.pcfg)
+	o.cfg.Tables = t
+	o.cfg.Logger = log
+	if err := o.ops.instrument(&o.cfg, client); err != nil {
+		return err
+	}
+	r, err := relay.New(o.cfg)
+	if err != nil {
+		return err
+	}
+	// Check the schema before the watchdog and cleanup jobs start,
+	// so an unmigrated table gives one clear error, not job warnings.
+	m, err := migrate.New(t)
+	if err != nil {
+		return err
+	}
+	if err := m.Validate(ctx, pool); err != nil {
+		return err
+	}
+	stopOps, err := o.ops.start(ctx, r)
+	if err != nil {
+		return err
+	}
+	defer stopOps()
+	return r.Run(ctx)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
@@ -125,21 +126,56 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 	if err != nil {
 		return res, err
 	}
-	conn, err := pool.Acquire(ctx)
+	conn, unlock, err := lockCleanup(ctx, pool, cfg.Tables)
 	if err != nil {
-		return res, fmt.Errorf("ops: cleanup: connect: %w", err)
+		return res, err
 	}
-	ns := lockkey.Cleanup(cfg.Tables.Schema, cfg.Tables.Outbox)
+	defer unlock()
+
+	c := conn.Conn()
+	if err := c.QueryRow(ctx, cleanupCutoffsSQL,
+		cfg.Retention.Microseconds(), cfg.ProcessedRetention.Microseconds()).Scan(&res.OutboxCutoff, &res.ProcessedCutoff); err != nil {
+		return res, fmt.Errorf("ops: cleanup: read server time: %w", err)
+	}
+	log := cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())
+
+	if err := cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox); err != nil {
+		return res, err
+	}
+
+	pruned, err := c.Exec(ctx, render(pruneFailuresSQL, cfg.Tables))
+	if err != nil {
+		return res, fmt.Errorf("ops: cleanup: prune failure records: %w", err)
+	}
+	res.Failures = pruned.RowsAffected()
+
+	if !cfg.SkipProcessed {
+		if err := cleanupProcessed(ctx, c, cfg, log, res.ProcessedCutoff, &res.Processed); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// lockCleanup takes the outbox's cleanup lock on a connection of pool. It
+// returns ErrCleanupRunning when another process holds it; otherwise
+// unlock releases the lock and gives the connection back.
+func lockCleanup(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables) (conn *pgxpool.Conn, unlock func(), err error) {
+	conn, err = pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ops: cleanup: connect: %w", err)
+	}
+	ns := lockkey.Cleanup(t.Schema, t.Outbox)
 	var locked bool
 	if err := conn.QueryRow(ctx, cleanupLockSQL, ns, lockkey.CleanupID).Scan(&locked); err != nil {
 		conn.Release()
-		return res, fmt.Errorf("ops: cleanup: take the cleanup lock: %w", err)
+		return nil, nil, fmt.Errorf("ops: cleanup: take the cleanup lock: %w", err)
 	}
 	if !locked {
 		conn.Release()
-		return res, ErrCleanupRunning
+		return nil, nil, ErrCleanupRunning
 	}
-	defer func() {
+	return conn, func() {
 		// A session lock outlives the borrow: release it before the
 		// connection goes back to the pool, or close the connection.
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -149,16 +185,12 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 			return
 		}
 		conn.Release()
-	}()
+	}, nil
+}
 
-	c := conn.Conn()
-	if err := c.QueryRow(ctx, cleanupCutoffsSQL,
-		cfg.Retention.Microseconds(), cfg.ProcessedRetention.Microseconds()).Scan(&res.OutboxCutoff, &res.ProcessedCutoff); err != nil {
-		return res, fmt.Errorf("ops: cleanup: read server time: %w", err)
-	}
-	log := cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())
-
-	// Outbox: windows over the primary key.
+// cleanupOutbox deletes dispatched outbox rows older than cutoff in
+// windows over the primary key, and counts them into tc.
+func cleanupOutbox(ctx context.Context, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, cutoff time.Time, tc *TableCleanup) error {
 	start := time.Now()
 	outboxSQL := render(outboxCleanupSQL, cfg.Tables)
 	var after int64
@@ -166,54 +198,51 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 		var deleted, scanned, last int64
 		var reachedCutoff bool
 		batchStart := time.Now()
-		if err := c.QueryRow(ctx, outboxSQL, after, cfg.BatchSize, res.OutboxCutoff).Scan(&deleted, &scanned, &last, &reachedCutoff); err != nil {
-			res.Outbox.Duration = time.Since(start)
-			return res, fmt.Errorf("ops: cleanup of %s after id %d: %w", cfg.Tables.OutboxIdent(), after, err)
+		if err := c.QueryRow(ctx, outboxSQL, after, cfg.BatchSize, cutoff).Scan(&deleted, &scanned, &last, &reachedCutoff); err != nil {
+			tc.Duration = time.Since(start)
+			return fmt.Errorf("ops: cleanup of %s after id %d: %w", cfg.Tables.OutboxIdent(), after, err)
 		}
-		res.Outbox.Batches++
-		res.Outbox.Deleted += deleted
+		tc.Batches++
+		tc.Deleted += deleted
 		after = last
 		log.Debug("cleanup batch", "table", cfg.Tables.OutboxIdent(), "deleted", deleted, "scanned", scanned, "last_id", last, "took", time.Since(batchStart).Round(time.Microsecond))
 		if scanned < int64(cfg.BatchSize) || reachedCutoff {
 			break
 		}
 		if !backoff.Sleep(ctx, cfg.Pause) {
-			res.Outbox.Duration = time.Since(start)
-			return res, ctx.Err()
+			tc.Duration = time.Since(start)
+			return ctx.Err()
 		}
 	}
-	res.Outbox.Duration = time.Since(start)
+	tc.Duration = time.Since(start)
+	return nil
+}
 
-	pruned, err := c.Exec(ctx, render(pruneFailuresSQL, cfg.Tables))
-	if err != nil {
-		return res, fmt.Errorf("ops: cleanup: prune failure records: %w", err)
-	}
-	res.Failures = pruned.RowsAffected()
-
-	if !cfg.SkipProcessed {
-		start := time.Now()
-		processedSQL := render(processedCleanupSQL, cfg.Tables)
-		from := time.Time{}
-		for {
-			var deleted int64
-			var newest *time.Time
-			if err := c.QueryRow(ctx, processedSQL, res.ProcessedCutoff, cfg.BatchSize, from).Scan(&deleted, &newest); err != nil {
-				res.Processed.Duration = time.Since(start)
-				return res, fmt.Errorf("ops: cleanup of %s: %w", cfg.Tables.ProcessedIdent(), err)
-			}
-			res.Processed.Batches++
-			res.Processed.Deleted += deleted
-			log.Debug("cleanup batch", "table", cfg.Tables.ProcessedIdent(), "deleted", deleted)
-			if deleted < int64(cfg.BatchSize) || newest == nil {
-				break
-			}
-			from = *newest
-			if !backoff.Sleep(ctx, cfg.Pause) {
-				res.Processed.Duration = time.Since(start)
-				return res, ctx.Err()
-			}
+// cleanupProcessed deletes processed_events rows older than cutoff, oldest
+// first, and counts them into tc.
+func cleanupProcessed(ctx context.Context, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, cutoff time.Time, tc *TableCleanup) error {
+	start := time.Now()
+	processedSQL := render(processedCleanupSQL, cfg.Tables)
+	from := time.Time{}
+	for {
+		var deleted int64
+		var newest *time.Time
+		if err := c.QueryRow(ctx, processedSQL, cutoff, cfg.BatchSize, from).Scan(&deleted, &newest); err != nil {
+			tc.Duration = time.Since(start)
+			return fmt.Errorf("ops: cleanup of %s: %w", cfg.Tables.ProcessedIdent(), err)
 		}
-		res.Processed.Duration = time.Since(start)
+		tc.Batches++
+		tc.Deleted += deleted
+		log.Debug("cleanup batch", "table", cfg.Tables.ProcessedIdent(), "deleted", deleted)
+		if deleted < int64(cfg.BatchSize) || newest == nil {
+			break
+		}
+		from = *newest
+		if !backoff.Sleep(ctx, cfg.Pause) {
+			tc.Duration = time.Since(start)
+			return ctx.Err()
+		}
 	}
-	return res, nil
+	tc.Duration = time.Since(start)
+	return nil
 }

@@ -337,31 +337,9 @@ func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, erro
 	holds, arg := holdsSQL[0], any(cfg.AggregateID)
 	if byEvent {
 		holds, arg = holdsSQL[1], cfg.EventID
-		d, err := showEvent(ctx, tx, t, cfg.EventID, 0)
-		if err != nil {
+		held, err := retryEventHeld(ctx, tx, t, cfg.EventID, &res)
+		if err != nil || !held {
 			return res, err
-		}
-		switch d.State {
-		case EventDispatched:
-			return res, eventErr(ErrEventDispatched, "event %d was dispatched at %s: there is no hold to lift. To publish it again, replay it: "+
-				"`outbox events replay --from-id %d --to-id %d`", d.ID, fmtTime(d.DispatchedAt), d.ID, d.ID)
-		case EventParked:
-			return res, eventErr(ErrEventParked, "event %d is parked (since %s, reason %q): relayers do not see it. "+
-				"To send it again, unpark it: `outbox events unpark %d`", d.ID, fmtTime(d.Parked.ParkedAt), d.Parked.Reason, d.ID)
-		}
-		if d.Failure == nil || !d.Failure.HoldActive {
-			res.BlockedBy = d.BlockedBy
-			if d.BlockedBy != 0 {
-				b, err := showEvent(ctx, tx, t, d.BlockedBy, 0)
-				if err != nil && !errors.Is(err, ErrEventNotFound) {
-					return res, err
-				}
-				if err == nil && b.Failure != nil && b.Failure.HoldActive {
-					res.BlockedByHold = &Hold{EventID: b.ID, AggregateID: b.AggregateID, Type: b.Type, Reason: b.Failure.Reason,
-						Error: b.Failure.Error, Attempts: b.Failure.Attempts, HeldUntil: b.Failure.HeldUntil}
-				}
-			}
-			return res, nil
 		}
 	}
 
@@ -369,17 +347,9 @@ func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, erro
 	if cfg.Apply {
 		stmt = holds[1]
 	}
-	rows, err := tx.Query(ctx, render(stmt, t), arg)
+	res.Holds, err = readHolds(ctx, tx, t, stmt, arg)
 	if err != nil {
-		return res, fmt.Errorf("ops: retry: read holds in %s: %w", migrate.FailuresIdent(t), err)
-	}
-	res.Holds, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Hold, error) {
-		var h Hold
-		err := r.Scan(&h.EventID, &h.AggregateID, &h.Type, &h.Reason, &h.Error, &h.Attempts, &h.HeldUntil)
-		return h, err
-	})
-	if err != nil {
-		return res, fmt.Errorf("ops: retry: lift holds in %s: %w", migrate.FailuresIdent(t), err)
+		return res, err
 	}
 	if !cfg.Apply || len(res.Holds) == 0 {
 		return res, nil
@@ -389,16 +359,73 @@ func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, erro
 	if err := notifyAndCommit(ctx, tx, t); err != nil {
 		return res, fmt.Errorf("ops: retry: %w", err)
 	}
-	ids := make([]int64, len(res.Holds))
-	for i, h := range res.Holds {
+	logRetry(log, res.Holds, byEvent, cfg.AggregateID)
+	return res, nil
+}
+
+// retryEventHeld reports whether the event id is pending with an active
+// hold. It returns an error for an event that is dispatched, parked or
+// not found; for a pending one that is not held, it sets res.BlockedBy
+// (and res.BlockedByHold) to the row it waits behind, if any.
+func retryEventHeld(ctx context.Context, tx pgx.Tx, t outbox.Tables, id int64, res *RetryResult) (bool, error) {
+	d, err := showEvent(ctx, tx, t, id, 0)
+	if err != nil {
+		return false, err
+	}
+	switch d.State {
+	case EventDispatched:
+		return false, eventErr(ErrEventDispatched, "event %d was dispatched at %s: there is no hold to lift. To publish it again, replay it "+
+			"(Replay, `outbox events replay`) from id %d to id %d", d.ID, fmtTime(d.DispatchedAt), d.ID, d.ID)
+	case EventParked:
+		return false, eventErr(ErrEventParked, "event %d is parked (since %s, reason %q): relayers do not see it. "+
+			"To send it again, unpark it: `outbox events unpark %d`", d.ID, fmtTime(d.Parked.ParkedAt), d.Parked.Reason, d.ID)
+	}
+	if d.Failure != nil && d.Failure.HoldActive {
+		return true, nil
+	}
+	res.BlockedBy = d.BlockedBy
+	if d.BlockedBy != 0 {
+		b, err := showEvent(ctx, tx, t, d.BlockedBy, 0)
+		if err != nil && !errors.Is(err, ErrEventNotFound) {
+			return false, err
+		}
+		if err == nil && b.Failure != nil && b.Failure.HoldActive {
+			res.BlockedByHold = &Hold{EventID: b.ID, AggregateID: b.AggregateID, Type: b.Type, Reason: b.Failure.Reason,
+				Error: b.Failure.Error, Attempts: b.Failure.Attempts, HeldUntil: b.Failure.HeldUntil}
+		}
+	}
+	return false, nil
+}
+
+// readHolds runs stmt, one of holdsSQL's (read the holds, or lift them),
+// for arg, an event or aggregate id, and returns the holds it reports.
+func readHolds(ctx context.Context, tx pgx.Tx, t outbox.Tables, stmt string, arg any) ([]Hold, error) {
+	rows, err := tx.Query(ctx, render(stmt, t), arg)
+	if err != nil {
+		return nil, fmt.Errorf("ops: retry: read holds in %s: %w", migrate.FailuresIdent(t), err)
+	}
+	holds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Hold, error) {
+		var h Hold
+		err := r.Scan(&h.EventID, &h.AggregateID, &h.Type, &h.Reason, &h.Error, &h.Attempts, &h.HeldUntil)
+		return h, err
+	})
+	if err != nil {
+		return holds, fmt.Errorf("ops: retry: lift holds in %s: %w", migrate.FailuresIdent(t), err)
+	}
+	return holds, nil
+}
+
+// logRetry logs the Info line of an applied Retry that lifted holds.
+func logRetry(log *slog.Logger, holds []Hold, byEvent bool, aggregateID uuid.UUID) {
+	ids := make([]int64, len(holds))
+	for i, h := range holds {
 		ids[i] = h.EventID
 	}
 	args := []any{"verb", "retry", "event_ids", ids}
 	if !byEvent {
-		args = append(args, "aggregate_id", cfg.AggregateID)
+		args = append(args, "aggregate_id", aggregateID)
 	}
 	log.Info("lifted holds on outbox events; relayers retry them at their next claim", args...)
-	return res, nil
 }
 
 // DefaultParkLockTimeout is how long Park waits for the row's lock.
@@ -491,35 +518,9 @@ func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) 
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 
-	ev := ParkedEvent{ID: cfg.ID, Reason: cfg.Reason}
-	var dispatched *time.Time
-	q := render(lockPendingSQL, t)
-	if cfg.Apply {
-		q = render(lockPendingForUpdateSQL, t)
-		if _, err := tx.Exec(ctx, setLockTimeoutSQL, fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
-			return res, fmt.Errorf("ops: park: set lock_timeout: %w", err)
-		}
-	}
-	err = tx.QueryRow(ctx, q, cfg.ID).Scan(&ev.AggregateID, &ev.Type, &ev.CreatedAt, &dispatched)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
-		return res, eventErr(ErrEventLocked, "event %d is locked by another transaction, most likely a relayer publishing it right now "+
-			"(waited %s); try again in a few seconds", cfg.ID, cfg.LockTimeout)
-	case errors.Is(err, pgx.ErrNoRows):
-		d, err := showEvent(ctx, tx, t, cfg.ID, 0)
-		if err != nil {
-			return res, err
-		}
-		if d.State != EventParked {
-			return res, fmt.Errorf("ops: park: event %d moved while it was being read (unparked just now?); try again", cfg.ID)
-		}
-		return res, eventErr(ErrEventParked, "event %d is already parked (since %s, reason %q); nothing to do",
-			cfg.ID, fmtTime(d.Parked.ParkedAt), d.Parked.Reason)
-	case err != nil:
-		return res, fmt.Errorf("ops: park: read event %d: %w", cfg.ID, err)
-	case dispatched != nil:
-		return res, eventErr(ErrEventDispatched, "event %d was dispatched at %s: it is published, so it cannot be parked", cfg.ID, fmtTime(*dispatched))
+	ev, err := lockParkEvent(ctx, tx, t, cfg)
+	if err != nil {
+		return res, err
 	}
 	if err := tx.QueryRow(ctx, render(laterPendingSQL, t), ev.AggregateID, cfg.ID).Scan(&res.LaterPending); err != nil {
 		return res, fmt.Errorf("ops: park: count the later rows of aggregate %s: %w", ev.AggregateID, err)
@@ -551,6 +552,43 @@ func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) 
 		"verb", "park", "event_id", ev.ID, "aggregate_id", ev.AggregateID, "type", ev.Type, "reason", ev.Reason,
 		"later_pending", res.LaterPending)
 	return res, nil
+}
+
+// lockParkEvent reads the event Park was given, in tx, and checks that it
+// is pending. An applied run locks its row first, waiting at most
+// cfg.LockTimeout.
+func lockParkEvent(ctx context.Context, tx pgx.Tx, t outbox.Tables, cfg ParkConfig) (ParkedEvent, error) {
+	ev := ParkedEvent{ID: cfg.ID, Reason: cfg.Reason}
+	var dispatched *time.Time
+	q := render(lockPendingSQL, t)
+	if cfg.Apply {
+		q = render(lockPendingForUpdateSQL, t)
+		if _, err := tx.Exec(ctx, setLockTimeoutSQL, fmt.Sprintf("%dms", max(cfg.LockTimeout.Milliseconds(), 1))); err != nil {
+			return ev, fmt.Errorf("ops: park: set lock_timeout: %w", err)
+		}
+	}
+	err := tx.QueryRow(ctx, q, cfg.ID).Scan(&ev.AggregateID, &ev.Type, &ev.CreatedAt, &dispatched)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+		return ev, eventErr(ErrEventLocked, "event %d is locked by another transaction, most likely a relayer publishing it right now "+
+			"(waited %s); try again in a few seconds", cfg.ID, cfg.LockTimeout)
+	case errors.Is(err, pgx.ErrNoRows):
+		d, err := showEvent(ctx, tx, t, cfg.ID, 0)
+		if err != nil {
+			return ev, err
+		}
+		if d.State != EventParked {
+			return ev, fmt.Errorf("ops: park: event %d moved while it was being read (unparked just now?); try again", cfg.ID)
+		}
+		return ev, eventErr(ErrEventParked, "event %d is already parked (since %s, reason %q); nothing to do",
+			cfg.ID, fmtTime(d.Parked.ParkedAt), d.Parked.Reason)
+	case err != nil:
+		return ev, fmt.Errorf("ops: park: read event %d: %w", cfg.ID, err)
+	case dispatched != nil:
+		return ev, eventErr(ErrEventDispatched, "event %d was dispatched at %s: it is published, so it cannot be parked", cfg.ID, fmtTime(*dispatched))
+	}
+	return ev, nil
 }
 
 // UnparkConfig says which parked event Unpark puts back.
@@ -753,47 +791,65 @@ func Replay(ctx context.Context, db Beginner, cfg ReplayConfig) (ReplayResult, e
 	q := render(replaySQL, t)
 	from := cfg.FromID
 	for {
-		var replayed, first, last, pending, scanned, lastSeen int64
-		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if err := tx.QueryRow(ctx, q, from, cfg.ToID, cfg.ChunkSize, typ, agg).Scan(&replayed, &first, &last, &pending, &scanned, &lastSeen); err != nil {
-				return err
-			}
-			if replayed > 0 {
-				if _, err := tx.Exec(ctx, notifySQL, t.Channel()); err != nil {
-					return fmt.Errorf("notify the relayers: %w", err)
-				}
-			}
-			return nil
-		})
+		ch, err := replayChunk(ctx, db, t, q, from, cfg, typ, agg)
 		if err != nil {
 			if ctx.Err() != nil {
 				err = ctx.Err()
 			}
 			logReplay(log, cfg, res)
-			return res, fmt.Errorf("ops: replay stopped at id %d of %d to %d after %d rows in %d chunks (those stay replayed; "+
-				"to finish, replay from id %d): %w", from, cfg.FromID, cfg.ToID, res.Rows, res.Chunks, from, err)
+			return res, replayStopped(cfg, res, from, err)
 		}
 		res.Chunks++
-		res.Rows += replayed
-		res.Pending += pending
-		if replayed > 0 {
+		res.Rows += ch.replayed
+		res.Pending += ch.pending
+		if ch.replayed > 0 {
 			if res.FirstID == 0 {
-				res.FirstID = first
+				res.FirstID = ch.first
 			}
-			res.LastID = last
+			res.LastID = ch.last
 		}
-		if scanned < int64(cfg.ChunkSize) || lastSeen >= cfg.ToID {
+		if ch.scanned < int64(cfg.ChunkSize) || ch.lastSeen >= cfg.ToID {
 			break
 		}
-		from = lastSeen + 1
+		from = ch.lastSeen + 1
 		if ctx.Err() != nil {
 			logReplay(log, cfg, res)
-			return res, fmt.Errorf("ops: replay stopped at id %d of %d to %d after %d rows in %d chunks (those stay replayed; "+
-				"to finish, replay from id %d): %w", from, cfg.FromID, cfg.ToID, res.Rows, res.Chunks, from, ctx.Err())
+			return res, replayStopped(cfg, res, from, ctx.Err())
 		}
 	}
 	logReplay(log, cfg, res)
 	return res, nil
+}
+
+// replayedChunk is what one chunk of Replay did.
+type replayedChunk struct {
+	replayed, first, last, pending, scanned, lastSeen int64
+}
+
+// replayChunk replays the matching dispatched rows among the next
+// cfg.ChunkSize ids from from, in a transaction of its own that NOTIFYs
+// the relayers when it replayed any.
+func replayChunk(ctx context.Context, db Beginner, t outbox.Tables, q string, from int64, cfg ReplayConfig, typ, agg any) (replayedChunk, error) {
+	var ch replayedChunk
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, q, from, cfg.ToID, cfg.ChunkSize, typ, agg).Scan(&ch.replayed, &ch.first, &ch.last, &ch.pending, &ch.scanned, &ch.lastSeen); err != nil {
+			return err
+		}
+		if ch.replayed > 0 {
+			if _, err := tx.Exec(ctx, notifySQL, t.Channel()); err != nil {
+				return fmt.Errorf("notify the relayers: %w", err)
+			}
+		}
+		return nil
+	})
+	return ch, err
+}
+
+// replayStopped is the error of a Replay that stopped at id from: what
+// stays replayed and how to finish.
+func replayStopped(cfg ReplayConfig, res ReplayResult, from int64, err error) error {
+	return fmt.Errorf("ops: replay stopped at id %d of %d to %d after %d rows in %d chunks (those stay replayed; "+
+		"to finish, replay from id %d): %w", from, cfg.FromID, cfg.ToID, res.Rows, res.Chunks, from, err)
 }
 
 func logReplay(log *slog.Logger, cfg ReplayConfig, res ReplayResult) {

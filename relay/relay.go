@@ -287,24 +287,11 @@ func (r *Relayer) Stats() Stats {
 // unreachable at start. Once running it rides out database and broker
 // outages with backoff.
 func (r *Relayer) Run(ctx context.Context) error {
-	if !r.cfg.SkipSchemaCheck {
-		m, err := migrate.New(r.cfg.Tables)
-		if err != nil {
-			return err
-		}
-		if err := m.Validate(ctx, r.cfg.Pool); err != nil {
-			return fmt.Errorf("relay: %w", err)
-		}
+	if err := r.checkSchema(ctx); err != nil {
+		return err
 	}
-	// The batch in flight must not die with ctx: it finishes, then Run
-	// returns. Only ShutdownTimeout after cancellation is it cut short.
-	batchCtx, cancelBatch := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelBatch()
-	stopAfter := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(r.cfg.ShutdownTimeout, cancelBatch)
-		context.AfterFunc(batchCtx, func() { t.Stop() })
-	})
-	defer stopAfter()
+	batchCtx, stopBatchCtx := r.batchContext(ctx)
+	defer stopBatchCtx()
 
 	var wg sync.WaitGroup
 	if !r.cfg.PollOnly {
@@ -339,34 +326,79 @@ func (r *Relayer) Run(ctx context.Context) error {
 			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 				return nil
 			}
-			r.failedBatches.Add(1)
-			r.hooks.onBatchError(err)
-			attempt, d := pace.afterError()
-			r.log.Warn("relay batch failed; backing off", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
-			if !backoff.Sleep(ctx, d) {
+			if !r.backOff(ctx, pace, err) {
 				return nil
 			}
 			continue
 		}
-		switch action, wait := pace.afterBatch(res, full, next != nil); action {
-		case claimNow:
-		case probeLater:
-			if !backoff.Sleep(ctx, wait) {
-				return nil
-			}
-		case pollLater:
-			timer := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return nil
-			case <-r.wake:
-			case <-timer.C:
-			}
-			timer.Stop()
+		action, wait := pace.afterBatch(res, full, next != nil)
+		if !r.pause(ctx, action, wait) {
+			return nil
 		}
 	}
 	return nil
+}
+
+// checkSchema validates the outbox's schema unless SkipSchemaCheck.
+func (r *Relayer) checkSchema(ctx context.Context) error {
+	if r.cfg.SkipSchemaCheck {
+		return nil
+	}
+	m, err := migrate.New(r.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	if err := m.Validate(ctx, r.cfg.Pool); err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	return nil
+}
+
+// batchContext returns the context batches run in. The batch in flight
+// must not die with ctx: it finishes, then Run returns. Only
+// ShutdownTimeout after ctx's cancellation is it cut short. stop releases
+// it.
+func (r *Relayer) batchContext(ctx context.Context) (batchCtx context.Context, stop func()) {
+	batchCtx, cancelBatch := context.WithCancel(context.WithoutCancel(ctx))
+	stopAfter := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(r.cfg.ShutdownTimeout, cancelBatch)
+		context.AfterFunc(batchCtx, func() { t.Stop() })
+	})
+	return batchCtx, func() {
+		stopAfter()
+		cancelBatch()
+	}
+}
+
+// backOff counts a failed batch, logs it and sleeps the pacer's backoff.
+// It returns false when ctx is cancelled meanwhile.
+func (r *Relayer) backOff(ctx context.Context, pace *pacer, err error) bool {
+	r.failedBatches.Add(1)
+	r.hooks.onBatchError(err)
+	attempt, d := pace.afterError()
+	r.log.Warn("relay batch failed; backing off", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
+	return backoff.Sleep(ctx, d)
+}
+
+// pause waits as the pacer said after a batch that went through: not at
+// all, wait (not woken by notifications), or until wait passes or a
+// notification comes. It returns false when ctx is cancelled meanwhile.
+func (r *Relayer) pause(ctx context.Context, a action, wait time.Duration) bool {
+	switch a {
+	case claimNow:
+	case probeLater:
+		return backoff.Sleep(ctx, wait)
+	case pollLater:
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-r.wake:
+		case <-timer.C:
+		}
+	}
+	return true
 }
 
 // claimed is a batch claimed and marked in its still open transaction.
