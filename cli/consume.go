@@ -17,7 +17,6 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
-	"github.com/pgoutbox/outbox/migrate"
 )
 
 // defaultConsumeName is the group and the consumer name of `outbox consume`
@@ -128,11 +127,7 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	if err != nil {
 		return err
 	}
-	m, err := migrate.New(t)
-	if err != nil {
-		return err
-	}
-	if err := m.Validate(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool, t); err != nil {
 		return err
 	}
 

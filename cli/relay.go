@@ -11,7 +11,6 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/kafka"
-	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
@@ -122,11 +121,7 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	}
 	// Check the schema before the watchdog and cleanup jobs start,
 	// so an unmigrated table gives one clear error, not job warnings.
-	m, err := migrate.New(t)
-	if err != nil {
-		return err
-	}
-	if err := m.Validate(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool, t); err != nil {
 		return err
 	}
 	stopOps, err := o.ops.start(ctx, r)

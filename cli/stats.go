@@ -122,19 +122,26 @@ func (g *globals) opsPool(ctx context.Context) (*pgxpool.Pool, outbox.Tables, er
 	if err != nil {
 		return nil, t, err
 	}
-	m, err := migrate.New(t)
-	if err != nil {
-		return nil, t, err
-	}
 	pool, err := g.connect(ctx, 2)
 	if err != nil {
 		return nil, t, err
 	}
-	if err := m.Validate(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool, t); err != nil {
 		pool.Close()
 		return nil, t, err
 	}
 	return pool, t, nil
+}
+
+// checkSchema says, in one line with what to run, when the tables are
+// missing or behind this binary's migrations, so that an unmigrated table
+// gives one clear error rather than "relation does not exist".
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables) error {
+	m, err := migrate.New(t)
+	if err != nil {
+		return err
+	}
+	return m.Validate(ctx, pool)
 }
 
 func writeJSON(g *globals, v any) error {
