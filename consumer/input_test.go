@@ -235,6 +235,21 @@ func randomText(t *testing.T, n int) string {
 	return base64.RawStdEncoding.EncodeToString(randomBytes(t, n))[:n]
 }
 
+// loggedConfig is b.config with the consumer's logs collected, and shown
+// when the test fails.
+func (b *bundle) loggedConfig(t *testing.T, handlers map[string]consumer.Handler) (consumer.Config, *testlog.Buffer) {
+	t.Helper()
+	logs := &testlog.Buffer{}
+	cfg := b.config(handlers)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log("consumer logs:\n" + logs.String())
+		}
+	})
+	return cfg, logs
+}
+
 // A record that fits its topic can have a dead-letter copy that does not:
 // the dlq_* headers make it larger. The broker refuses the copy every time,
 // which stalled the partition behind it. A pointer record goes instead.
@@ -243,14 +258,7 @@ func TestConsumerDeadLetterTooLargeWritesPointer(t *testing.T) {
 	const limit = 100_000
 	b := setupLimited(t, limit)
 	var seen calls
-	var logs testlog.Buffer
-	cfg := b.config(map[string]consumer.Handler{"item.ok": seen.handler})
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log("consumer logs:\n" + logs.String())
-		}
-	})
+	cfg, logs := b.loggedConfig(t, map[string]consumer.Handler{"item.ok": seen.handler})
 	c, err := consumer.New(cfg)
 	require.NoError(t, err)
 
@@ -302,14 +310,7 @@ func TestConsumerDeadLetterDroppedWhenPointerRefused(t *testing.T) {
 	const limit = 100_000
 	b := setupLimited(t, limit)
 	var seen calls
-	var logs testlog.Buffer
-	cfg := b.config(map[string]consumer.Handler{"item.ok": seen.handler})
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Log("consumer logs:\n" + logs.String())
-		}
-	})
+	cfg, logs := b.loggedConfig(t, map[string]consumer.Handler{"item.ok": seen.handler})
 	c, err := consumer.New(cfg)
 	require.NoError(t, err)
 
