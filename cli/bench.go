@@ -57,6 +57,7 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 		},
 	}
 	f := cmd.Flags()
+	g.addURLFlag(f)
 	o.kf.register(f)
 	f.BoolVar(&o.cfg.Short, "short", false, "small sizes: every scenario in seconds (a smoke test; its numbers mean little)")
 	f.BoolVar(&o.asJSON, "json", false, "print the results as JSON for scripts (progress still goes to stderr)")

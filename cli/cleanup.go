@@ -33,9 +33,9 @@ applied twice. 0 leaves processed_events alone.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			switch {
 			case cfg.Retention <= 0:
-				return fmt.Errorf("--retention %s: use a positive duration, e.g. 168h", cfg.Retention)
+				return fmt.Errorf("--retention %s: use a positive duration, e.g. 7d", formatDays(cfg.Retention))
 			case cfg.ProcessedRetention < 0:
-				return fmt.Errorf("--processed-retention %s: use a positive duration, e.g. 720h, or 0 to leave processed_events alone", cfg.ProcessedRetention)
+				return fmt.Errorf("--processed-retention %s: use a positive duration, e.g. 30d, or 0 to leave processed_events alone", formatDays(cfg.ProcessedRetention))
 			case cfg.BatchSize < 1 || cfg.BatchSize > 1_000_000:
 				return fmt.Errorf("--batch %d: use 1 to 1000000 rows per statement", cfg.BatchSize)
 			case cfg.Pause < 0:
@@ -61,7 +61,7 @@ applied twice. 0 leaves processed_events alone.`,
 			}
 			if !res.OutboxCutoff.IsZero() { // else it failed before deleting anything
 				fmt.Fprintf(g.stdout, "%s: deleted %d dispatched rows older than %s (dispatched before %s) in %d %s, %s\n",
-					t.OutboxIdent(), res.Outbox.Deleted, cfg.Retention, res.OutboxCutoff.UTC().Format(time.RFC3339),
+					t.OutboxIdent(), res.Outbox.Deleted, formatDays(cfg.Retention), res.OutboxCutoff.UTC().Format(time.RFC3339),
 					res.Outbox.Batches, plural(res.Outbox.Batches, "batch", "batches"), res.Outbox.Duration.Round(time.Millisecond))
 			}
 			if err != nil {
@@ -75,16 +75,17 @@ applied twice. 0 leaves processed_events alone.`,
 				return nil
 			}
 			fmt.Fprintf(g.stdout, "%s: deleted %d rows older than %s (processed before %s) in %d %s, %s\n",
-				t.ProcessedIdent(), res.Processed.Deleted, cfg.ProcessedRetention, res.ProcessedCutoff.UTC().Format(time.RFC3339),
+				t.ProcessedIdent(), res.Processed.Deleted, formatDays(cfg.ProcessedRetention), res.ProcessedCutoff.UTC().Format(time.RFC3339),
 				res.Processed.Batches, plural(res.Processed.Batches, "batch", "batches"), res.Processed.Duration.Round(time.Millisecond))
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&cfg.Retention, "retention", ops.DefaultRetention, "delete dispatched rows older than this")
-	f.DurationVar(&cfg.ProcessedRetention, "processed-retention", ops.DefaultProcessedRetention, "delete processed_events rows older than this; longer than any redelivery window; 0 skips the table")
+	g.addDBFlags(f)
+	durationVar(f, &cfg.Retention, "retention", ops.DefaultRetention, "delete dispatched rows older than this")
+	durationVar(f, &cfg.ProcessedRetention, "processed-retention", ops.DefaultProcessedRetention, "delete processed_events rows older than this; longer than any redelivery window; 0 skips the table")
 	f.IntVar(&cfg.BatchSize, "batch", ops.DefaultCleanupBatch, "rows per delete statement (each its own transaction)")
-	f.DurationVar(&cfg.Pause, "pause", ops.DefaultCleanupPause, "pause between batches")
+	durationVar(f, &cfg.Pause, "pause", ops.DefaultCleanupPause, "pause between batches")
 	return cmd
 }
 

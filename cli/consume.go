@@ -60,6 +60,7 @@ group and exit 0.`,
 		},
 	}
 	f := cmd.Flags()
+	g.addDBFlags(f)
 	o.kf.register(f)
 	f.StringVar(&o.topics, "topics", "", "topics to read, comma-separated (the relay publishes type order.* to topic order, after its --topic-prefix); required")
 	f.StringVar(&o.cfg.Group, "group", "", `Kafka consumer group (default: --name, else "`+defaultConsumeName+`")`)
@@ -82,6 +83,9 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	t, err := g.tables()
 	if err != nil {
 		return err
+	}
+	if o.cfg.BatchSize < 0 || o.cfg.Concurrency < 0 {
+		return fmt.Errorf("--batch-size (%d) and --concurrency (%d): use a positive number, or 0 for the consumer's default", o.cfg.BatchSize, o.cfg.Concurrency)
 	}
 	if o.cfg.Topics, err = parseTopics(o.topics); err != nil {
 		return err

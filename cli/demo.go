@@ -51,12 +51,13 @@ fails. It works in a schema of its own and drops it at the end.`,
 		},
 	}
 	f := cmd.Flags()
+	g.addURLFlag(f)
 	kf.register(f)
 	f.IntVar(&cfg.Orders, "orders", 400, "orders to place")
 	f.IntVar(&cfg.Writers, "writers", 8, "concurrent writers")
 	f.IntVar(&cfg.DuplicateEvery, "duplicate-every", 10, "every Nth order reuses an order id and rolls back")
 	f.IntVar(&cfg.Redeliver, "redeliver", 40, "dispatched events to force out again")
-	f.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "give up after this long")
+	durationVar(f, &cfg.Timeout, "timeout", 2*time.Minute, "give up after this long")
 	f.BoolVar(&cfg.KeepSchema, "keep", false, "keep the demo schema for inspection")
 	return cmd
 }

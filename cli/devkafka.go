@@ -26,7 +26,7 @@ not replicate: use it for development, demos and tests, not production.`,
 			if cfg.MaxMessageBytes < 0 {
 				return fmt.Errorf("--max-message-bytes %d: use a positive size in bytes, or 0 for the default %d", cfg.MaxMessageBytes, kafka.DefaultMaxMessageBytes)
 			}
-			if cfg.Partitions < 0 {
+			if cfg.Partitions < 1 {
 				return fmt.Errorf("--partitions %d: use a positive number", cfg.Partitions)
 			}
 			b, err := devkafka.Start(cfg)

@@ -37,8 +37,9 @@ ids, the event_id header, as 'outbox watchdog' lists them):
 Every verb that changes something is a dry run that prints what it would
 change, unless given --yes; then it prints and logs what it changed, and
 wakes the relayers (NOTIFY) so they act at once.`,
-		Args: cobra.NoArgs,
 	}
+	groupOnly(cmd)
+	g.addDBFlags(cmd.PersistentFlags())
 	cmd.AddCommand(newEventsShowCmd(g), newEventsRetryCmd(g), newEventsParkCmd(g), newEventsUnparkCmd(g), newEventsReplayCmd(g))
 	return cmd
 }
@@ -357,7 +358,7 @@ changes nothing. 'outbox events unpark ID' puts it back.`,
 		},
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why it is parked (required), kept with the parked row")
-	cmd.Flags().DurationVar(&lockTimeout, "lock-timeout", ops.DefaultParkLockTimeout, "how long to wait for the row's lock (a relayer may be publishing it)")
+	durationVar(cmd.Flags(), &lockTimeout, "lock-timeout", ops.DefaultParkLockTimeout, "how long to wait for the row's lock (a relayer may be publishing it)")
 	cmd.Flags().BoolVar(&yes, "yes", false, "park it (without it: a dry run)")
 	return cmd
 }

@@ -19,7 +19,13 @@ binary. 'migrate up' applies what is missing (running it twice is a no-op);
 --yes' reverts to version N (0 drops the tables and their data); 'migrate
 print' writes the SQL for a migration tool of your own.`,
 	}
-	cmd.AddCommand(newMigrateUpCmd(g), newMigrateStatusCmd(g), newMigrateDownCmd(g), newMigratePrintCmd(g))
+	groupOnly(cmd)
+	up, status, down, print := newMigrateUpCmd(g), newMigrateStatusCmd(g), newMigrateDownCmd(g), newMigratePrintCmd(g)
+	for _, c := range []*cobra.Command{up, status, down} {
+		g.addDBFlags(c.Flags())
+	}
+	g.addTableFlags(print.Flags()) // print connects to nothing
+	cmd.AddCommand(up, status, down, print)
 	return cmd
 }
 

@@ -264,7 +264,7 @@ FROM generate_series(1, 5000) AS i`)
 	code, stdout, stderr := runCLI(t, db, "cleanup", "--retention", "168h", "--batch", "10000", "--pause", "10ms")
 	require.Equal(t, 0, code, stderr)
 	t.Logf("outbox cleanup --retention 168h --batch 10000 --pause 10ms:\n%s", stdout)
-	m := regexp.MustCompile(`deleted (\d+) dispatched rows older than 168h0m0s \(dispatched before \S+\) in (\d+) batches, (\S+)`).FindStringSubmatch(stdout)
+	m := regexp.MustCompile(`deleted (\d+) dispatched rows older than 7d \(dispatched before \S+\) in (\d+) batches, (\S+)`).FindStringSubmatch(stdout)
 	require.NotNil(t, m, stdout)
 	require.Equal(t, strconv.Itoa(dispatched), m[1])
 	batches, _ := strconv.Atoi(m[2])
@@ -275,7 +275,7 @@ FROM generate_series(1, 5000) AS i`)
 	require.Equal(t, int64(pendingRows+500), count(t, db, "dispatched_at IS NULL"), "pending rows were deleted")
 	require.Equal(t, int64(pendingRows), count(t, db, "created_at < now() - interval '7 days'"), "only the old pending rows are left of the old rows")
 	require.Equal(t, int64(4500), count(t, db, "dispatched_at IS NOT NULL"), "recent dispatched rows were deleted")
-	require.Contains(t, stdout, `processed_events": deleted 0 rows older than 720h0m0s`)
+	require.Contains(t, stdout, `processed_events": deleted 0 rows older than 30d`)
 
 	// Nothing left to do: one window, nothing deleted.
 	code, stdout, stderr = runCLI(t, db, "cleanup", "--processed-retention", "0")
@@ -291,7 +291,7 @@ func TestCleanupCommandRejectsBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--retention", "0s"}, "--retention 0s: use a positive duration, e.g. 168h"},
+		{[]string{"--retention", "0s"}, "--retention 0s: use a positive duration, e.g. 7d"},
 		{[]string{"--batch", "0"}, "--batch 0: use 1 to 1000000 rows per statement"},
 		{[]string{"--processed-retention", "-1h"}, "or 0 to leave processed_events alone"},
 		{[]string{"--pause", "-1s"}, "--pause -1s"},

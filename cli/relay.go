@@ -49,20 +49,21 @@ exit 0. Database and broker outages are retried with backoff.`,
 		},
 	}
 	f := cmd.Flags()
+	g.addDBFlags(f)
 	o.kf.register(f)
 	o.ops.register(f)
 	f.StringVar(&o.cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
 	f.IntVar(&o.cfg.BatchSize, "batch-size", relay.DefaultBatchSize, "most rows per claim (see also --max-batch-bytes)")
-	f.DurationVar(&o.cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often an idle relayer looks for rows without a notification")
+	durationVar(f, &o.cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often an idle relayer looks for rows without a notification")
 	f.IntVar(&o.cfg.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most payload bytes one batch holds in memory (a single larger row goes alone)")
-	f.DurationVar(&o.cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
+	durationVar(f, &o.cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&o.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
 	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
-	f.DurationVar(&o.cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
-	f.DurationVar(&o.cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
-	f.DurationVar(&o.cfg.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long the batch in flight may take to finish after SIGTERM")
-	f.DurationVar(&o.deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
+	durationVar(f, &o.cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
+	durationVar(f, &o.cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
+	durationVar(f, &o.cfg.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long the batch in flight may take to finish after SIGTERM")
+	durationVar(f, &o.deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
 	// --max-payload-bytes was the relay's own payload limit; the publisher
 	// now learns each topic's, and the nearest meaning is an override of it.
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
@@ -79,6 +80,9 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	}
 	t, err := g.tables()
 	if err != nil {
+		return err
+	}
+	if err := o.check(); err != nil {
 		return err
 	}
 	kcfg, err := o.kf.brokersConfig()
@@ -130,4 +134,37 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	}
 	defer stopOps()
 	return r.Run(ctx)
+}
+
+// check refuses the zeros that relay.New would silently turn into its
+// defaults: "--batch-size 0" is a mistake, not a request for 5000.
+func (o *relayOptions) check() error {
+	for _, n := range []struct {
+		flag string
+		v    int
+	}{
+		{"--batch-size", o.cfg.BatchSize}, {"--max-batch-bytes", o.cfg.MaxBatchBytes}, {"--cleanup-batch", o.ops.cfg.Cleanup.BatchSize},
+	} {
+		if n.v < 1 {
+			return fmt.Errorf("%s %d: use a positive number", n.flag, n.v)
+		}
+	}
+	if o.cfg.BatchSize > 100_000 {
+		return fmt.Errorf("--batch-size %d: use at most 100000 rows per claim", o.cfg.BatchSize)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"--poll-interval", o.cfg.PollInterval}, {"--hold-out", o.cfg.HoldOut},
+		{"--max-hold-out", o.cfg.MaxHoldOut}, {"--shutdown-timeout", o.cfg.ShutdownTimeout},
+	} {
+		if d.v <= 0 {
+			return fmt.Errorf("%s %s: use a positive duration", d.flag, formatDays(d.v))
+		}
+	}
+	if o.cfg.BusyPollInterval == 0 {
+		return errors.New("--busy-poll-interval 0: use a positive duration, or a negative one to turn it off")
+	}
+	return nil
 }

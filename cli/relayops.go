@@ -34,15 +34,15 @@ type relayOps struct {
 
 func (o *relayOps) register(f *pflag.FlagSet) {
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics, /healthz and /readyz on host:port (a bare :port binds 127.0.0.1); off when empty")
-	f.DurationVar(&o.cfg.RefreshInterval, "metrics-refresh", ops.DefaultRefreshInterval, "how often the pending, lag and stuck gauges are read from the database")
-	f.DurationVar(&o.cfg.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck (watchdog and outbox_stuck_events)")
-	f.DurationVar(&o.cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: a warning and outbox_lag_slo_breached when the oldest pending row is older")
-	f.DurationVar(&o.cfg.WatchdogInterval, "watchdog-interval", ops.DefaultWatchdogInterval, "how often stuck rows and the lag SLO are checked and logged")
-	f.DurationVar(&o.cleanupInterval, "cleanup-interval", ops.DefaultCleanupInterval, "how often retention cleanup runs (one replica at a time); 0 disables it")
-	f.DurationVar(&o.cfg.Cleanup.Retention, "retention", ops.DefaultRetention, "cleanup deletes dispatched rows older than this")
-	f.DurationVar(&o.processedRetention, "processed-retention", ops.DefaultProcessedRetention, "cleanup deletes processed_events rows older than this (longer than any redelivery window); 0 leaves the table alone")
+	durationVar(f, &o.cfg.RefreshInterval, "metrics-refresh", ops.DefaultRefreshInterval, "how often the pending, lag and stuck gauges are read from the database")
+	durationVar(f, &o.cfg.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck (watchdog and outbox_stuck_events)")
+	durationVar(f, &o.cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: a warning and outbox_lag_slo_breached when the oldest pending row is older")
+	durationVar(f, &o.cfg.WatchdogInterval, "watchdog-interval", ops.DefaultWatchdogInterval, "how often stuck rows and the lag SLO are checked and logged")
+	durationVar(f, &o.cleanupInterval, "cleanup-interval", ops.DefaultCleanupInterval, "how often retention cleanup runs (one replica at a time); 0 disables it")
+	durationVar(f, &o.cfg.Cleanup.Retention, "retention", ops.DefaultRetention, "cleanup deletes dispatched rows older than this")
+	durationVar(f, &o.processedRetention, "processed-retention", ops.DefaultProcessedRetention, "cleanup deletes processed_events rows older than this (longer than any redelivery window); 0 leaves the table alone")
 	f.IntVar(&o.cfg.Cleanup.BatchSize, "cleanup-batch", ops.DefaultCleanupBatch, "rows per cleanup delete statement")
-	f.DurationVar(&o.cfg.Cleanup.Pause, "cleanup-pause", ops.DefaultCleanupPause, "pause between cleanup batches")
+	durationVar(f, &o.cfg.Cleanup.Pause, "cleanup-pause", ops.DefaultCleanupPause, "pause between cleanup batches")
 }
 
 // instrument checks the flags, builds the monitor and adds its metrics to
@@ -64,7 +64,7 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 		{"--watchdog-interval", o.cfg.WatchdogInterval}, {"--retention", o.cfg.Cleanup.Retention}, {"--cleanup-pause", o.cfg.Cleanup.Pause},
 	} {
 		if d.v <= 0 {
-			return fmt.Errorf("%s %s: use a positive duration", d.flag, d.v)
+			return fmt.Errorf("%s %s: use a positive duration", d.flag, formatDays(d.v))
 		}
 	}
 	if o.cleanupInterval < 0 || o.processedRetention < 0 {

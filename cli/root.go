@@ -10,12 +10,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/outbox"
 )
@@ -33,12 +35,21 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var ex *exitError
 	if errors.As(err, &ex) {
 		if ex.msg != "" {
-			fmt.Fprintln(stderr, "outbox: "+ex.msg)
+			fmt.Fprintln(stderr, prefixed(ex.msg))
 		}
 		return ex.code
 	}
-	fmt.Fprintln(stderr, "outbox: "+oneLine(err.Error()))
+	fmt.Fprintln(stderr, prefixed(oneLine(err.Error())))
 	return 1
+}
+
+// prefixed starts msg with "outbox: " once: the library's errors carry
+// that prefix of their own.
+func prefixed(msg string) string {
+	for strings.HasPrefix(msg, "outbox: ") {
+		msg = strings.TrimPrefix(msg, "outbox: ")
+	}
+	return "outbox: " + msg
 }
 
 // exitError ends the command with a specific exit code (watchdog's 1 for
@@ -77,29 +88,30 @@ per aggregate, at least once; consumers deduplicate by event_id.
 Configuration comes from flags, with environment fallbacks:
   DATABASE_URL    Postgres connection string (libpq defaults when unset)
   KAFKA_BROKERS   comma-separated host:port list`,
+		Version:       version(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Cobra runs only the nearest PersistentPreRunE, so no subcommand
+		// may set its own.
+		PersistentPreRunE: func(c *cobra.Command, _ []string) error {
+			// The environment is read only when a command runs: a flag
+			// default shows in every --help, and a connection string
+			// carries a password.
+			if f := c.Flags().Lookup("database-url"); f != nil && !f.Changed {
+				g.databaseURL = os.Getenv("DATABASE_URL")
+			}
+			// Every command checks the logging flags, whether or not it
+			// logs, so a typo is an error and not a silent default.
+			_, err := g.logger()
+			return err
+		},
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return fmt.Errorf("%s (see 'outbox %s --help')", err, c.Name())
+		return fmt.Errorf("%s (see '%s --help')", err, c.CommandPath())
 	})
 	pf := root.PersistentFlags()
-	// The default stays empty, and the environment is read only when a
-	// command runs: a default shows in every --help, and a connection
-	// string carries a password. Cobra runs only the nearest
-	// PersistentPreRun, so no subcommand may set its own (bench and demo
-	// read g.databaseURL directly).
-	pf.StringVar(&g.databaseURL, "database-url", "", "Postgres connection string (default: env DATABASE_URL; libpq defaults (PGHOST, ...) when both are empty)")
-	root.PersistentPreRun = func(c *cobra.Command, _ []string) {
-		if !c.Flags().Changed("database-url") {
-			g.databaseURL = os.Getenv("DATABASE_URL")
-		}
-	}
-	pf.StringVar(&g.schema, "schema", outbox.DefaultSchema, "schema holding the outbox tables")
-	pf.StringVar(&g.table, "table", outbox.DefaultOutboxTable, "outbox table name")
-	pf.StringVar(&g.processed, "processed-table", outbox.DefaultProcessedTable, "consumer dedupe table name")
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	pf.StringVar(&g.logFormat, "log-format", "text", "log format: text or json")
 
@@ -116,6 +128,29 @@ Configuration comes from flags, with environment fallbacks:
 		newBenchCmd(g),
 	)
 	return root
+}
+
+// addURLFlag registers --database-url on a command that connects.
+func (g *globals) addURLFlag(f *pflag.FlagSet) {
+	// The default stays empty: the root's PersistentPreRunE reads
+	// DATABASE_URL when the flag is not given.
+	f.StringVar(&g.databaseURL, "database-url", "", "Postgres connection string (default: env DATABASE_URL; libpq defaults (PGHOST, ...) when both are empty)")
+}
+
+// addTableFlags registers the flags naming the outbox's tables on a
+// command that works on them.
+func (g *globals) addTableFlags(f *pflag.FlagSet) {
+	f.StringVar(&g.schema, "schema", outbox.DefaultSchema, "schema holding the outbox tables")
+	f.StringVar(&g.table, "table", outbox.DefaultOutboxTable, "outbox table name")
+	f.StringVar(&g.processed, "processed-table", outbox.DefaultProcessedTable, "consumer dedupe table name")
+}
+
+// addDBFlags registers the database flags of a command that connects to
+// an outbox: they are not root flags, so that the commands that do not
+// (dev-kafka, migrate print) do not list them.
+func (g *globals) addDBFlags(f *pflag.FlagSet) {
+	g.addURLFlag(f)
+	g.addTableFlags(f)
 }
 
 func (g *globals) tables() (outbox.Tables, error) {
@@ -162,6 +197,13 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 		pool.Close()
 		return nil, fmt.Errorf("cannot reach Postgres at %s: %s; is it running? set --database-url or DATABASE_URL", where, redactErr(err))
 	}
+	// Say once which database the command works on: DATABASE_URL or
+	// libpq's defaults may not be what the operator thinks. The logging
+	// flags were checked before any command ran. Never the password.
+	if log, err := g.logger(); err == nil {
+		c := cfg.ConnConfig
+		log.Info("connected to Postgres", "host", c.Host, "port", c.Port, "database", c.Database, "user", c.User)
+	}
 	return pool, nil
 }
 
@@ -176,4 +218,54 @@ func redactErr(err error) string {
 		s = s[:i] + "password=***" + s[i+j:]
 	}
 	return s
+}
+
+// version is the module version and the commit this binary was built
+// from, as the Go toolchain recorded them: "(devel)" or a pseudo-version
+// for a build from a checkout, with "modified" when it had local changes.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown: built without module support)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, modified, at string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value[:min(12, len(s.Value))]
+		case "vcs.modified":
+			if s.Value == "true" {
+				modified = ", modified"
+			}
+		case "vcs.time":
+			at = ", " + s.Value
+		}
+	}
+	if rev != "" {
+		v += " (commit " + rev + modified + at + ")"
+	}
+	return v + " " + bi.GoVersion
+}
+
+// groupOnly makes cmd, which only groups subcommands, refuse anything else:
+// left to cobra, "outbox migrate upp" prints migrate's help and exits 0.
+func groupOnly(cmd *cobra.Command) {
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return nil
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], c.CommandPath())
+		if c.SuggestionsMinimumDistance <= 0 {
+			c.SuggestionsMinimumDistance = 2 // cobra's default, applied only for the root
+		}
+		if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+		}
+		return errors.New(msg)
+	}
+	cmd.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
 }

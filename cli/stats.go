@@ -73,8 +73,9 @@ No query scans the whole table. --json prints the same for scripts.`,
 			return w.Flush()
 		},
 	}
+	g.addDBFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON for scripts")
-	cmd.Flags().DurationVar(&stuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this count as stuck")
+	durationVar(cmd.Flags(), &stuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this count as stuck")
 	return cmd
 }
 

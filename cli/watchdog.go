@@ -81,8 +81,9 @@ with neither was never refused by a relayer: check that one is running
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&cfg.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck")
-	f.DurationVar(&cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: the oldest pending row must be younger than this")
+	g.addDBFlags(f)
+	durationVar(f, &cfg.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck")
+	durationVar(f, &cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: the oldest pending row must be younger than this")
 	f.IntVar(&cfg.Limit, "limit", ops.DefaultStuckLimit, "list at most this many stuck rows (all are counted)")
 	f.BoolVar(&asJSON, "json", false, "print JSON for scripts")
 	return cmd
