@@ -110,7 +110,7 @@ func (t Tables) ProcessedIdent() string {
 // on. It is derived from the table so two outboxes do not wake each other.
 func (t Tables) Channel() string {
 	t = t.WithDefaults()
-	return fmt.Sprintf("outbox_%08x", lockkey.Hash32(t.Schema+"."+t.Outbox))
+	return lockkey.Channel(t.Schema, t.Outbox)
 }
 
 // LockNamespace is the first key of the two-key advisory locks Emit takes,

@@ -33,6 +33,9 @@ func TestScriptsAppliedByAnotherToolAgreeWithTheMigrator(t *testing.T) {
 	for _, table := range []string{tables.OutboxIdent(), tables.ProcessedIdent(), migrate.FailuresIdent(tables), migrate.ParkedIdent(tables)} {
 		require.True(t, tableExists(t, db, table), table)
 	}
+	var emitFn bool
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT to_regprocedure($1) IS NOT NULL", `"`+tables.Schema+`".orders_outbox_emit(uuid, text, jsonb, jsonb)`).Scan(&emitFn))
+	require.True(t, emitFn, "migration 5's function is named after the table")
 	applied, err := m.Up(ctx, db.Pool)
 	require.NoError(t, err)
 	require.Empty(t, applied, "the script recorded every version")
@@ -40,7 +43,7 @@ func TestScriptsAppliedByAnotherToolAgreeWithTheMigrator(t *testing.T) {
 	// An upgrade from a version the migrator left.
 	reverted, err := m.Down(ctx, db.Pool, 2)
 	require.NoError(t, err)
-	require.Equal(t, []int{4, 3}, reverted)
+	require.Equal(t, []int{5, 4, 3}, reverted)
 	var upgrade strings.Builder
 	require.NoError(t, m.UpScript(&upgrade, 2))
 	require.NotContains(t, upgrade.String(), "migration 2:")

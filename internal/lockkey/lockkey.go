@@ -14,7 +14,10 @@
 // single-key, and so cannot meet the two-key ones.
 package lockkey
 
-import "hash/fnv"
+import (
+	"fmt"
+	"hash/fnv"
+)
 
 // Emit is the first key of the locks Emit takes; the second is Bucket.
 func Emit(schema, outbox string) int32 {
@@ -25,6 +28,17 @@ func Emit(schema, outbox string) int32 {
 // hashed into buckets keys, which bounds how many locks a batch takes.
 func Bucket(aggregateID [16]byte, buckets int) int32 {
 	return int32(Hash32(string(aggregateID[:])) % uint32(buckets))
+}
+
+// NotifyBucket is the second key of the lock the SQL emit function
+// (migration 5) tries, in Emit's namespace, to choose which of the
+// transactions emitting at one time sends the NOTIFY: Bucket's keys are
+// 0..buckets-1, so it meets no aggregate's lock.
+const NotifyBucket = -1
+
+// Channel is the LISTEN/NOTIFY channel of one outbox table.
+func Channel(schema, outbox string) string {
+	return fmt.Sprintf("outbox_%08x", Hash32(schema+"."+outbox))
 }
 
 // Migration is the key of the lock migrations serialise on: Emit's

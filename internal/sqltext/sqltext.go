@@ -14,9 +14,11 @@ package sqltext
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/pgoutbox/outbox/internal/lockkey"
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
@@ -33,6 +35,10 @@ type Idents struct {
 	PendingIdx     string // {{pending_idx}}: (id) WHERE dispatched_at IS NULL
 	AggregateIdx   string // {{aggregate_idx}}: dropped by migration 3
 	ProcessedAtIdx string // {{processed_at_idx}}
+	// The SQL emit function (migration 5) and what it shares with Emit.
+	EmitFn     string // {{emit_fn}}: <schema>.<outbox>_emit
+	EmitLockNS string // {{emit_lock_ns}}: Emit's advisory-lock namespace, an int4 literal
+	Channel    string // {{channel}}: the NOTIFY channel, a string literal
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -51,6 +57,9 @@ func For(schema, outbox, processed string) Idents {
 		PendingIdx:     pgident.Quote(trim(outbox + "_pending_idx")),
 		AggregateIdx:   pgident.Quote(trim(outbox + "_aggregate_pending_idx")),
 		ProcessedAtIdx: pgident.Quote(trim(processed + "_processed_at_idx")),
+		EmitFn:         q(outbox + "_emit"),
+		EmitLockNS:     strconv.Itoa(int(lockkey.Emit(schema, outbox))),
+		Channel:        "'" + lockkey.Channel(schema, outbox) + "'", // hex digits only: nothing to escape
 	}
 }
 
@@ -81,6 +90,12 @@ func (ids Idents) lookup(name string) string {
 		return ids.AggregateIdx
 	case "processed_at_idx":
 		return ids.ProcessedAtIdx
+	case "emit_fn":
+		return ids.EmitFn
+	case "emit_lock_ns":
+		return ids.EmitLockNS
+	case "channel":
+		return ids.Channel
 	}
 	return ""
 }
@@ -104,7 +119,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)

@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS {{emit_fn}}(uuid, text, jsonb, jsonb);
