@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -118,7 +119,7 @@ func printReport(g *globals, t outbox.Tables, rep ops.Report) error {
 				retry = "due"
 			}
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.AggregateID, clipText(s.Type, 60), fmtAge(s.Age), waits, reason, attempts, retry, clipText(lastErr, 300))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.AggregateID, clip.Text(s.Type, 60), fmtAge(s.Age), waits, reason, attempts, retry, clip.Text(lastErr, 300))
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -167,13 +168,4 @@ func reportJSON(t outbox.Tables, rep ops.Report) map[string]any {
 		"held_by_reason":             rep.HeldByReason,
 		"stuck_rows":                 rows,
 	}
-}
-
-// clipText shortens s to at most n bytes (on a rune boundary), marking the
-// cut: a table row stays one line even for a 2 MB type or error.
-func clipText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "..."
 }

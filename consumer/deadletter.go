@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/clip"
 )
 
 // dlqWriteTimeout bounds one dead-letter write, in case the broker neither
@@ -109,7 +110,7 @@ func deadLetterRecord(r *kgo.Record, topic, consumer string, attempts int, reaso
 		hdrs = append(hdrs, r.Headers...)
 	}
 	hdrs = append(hdrs,
-		kgo.RecordHeader{Key: HeaderDLQError, Value: []byte(truncate(reason, maxDLQErrorBytes))},
+		kgo.RecordHeader{Key: HeaderDLQError, Value: []byte(clip.Text(reason, maxDLQErrorBytes))},
 		kgo.RecordHeader{Key: HeaderDLQConsumer, Value: []byte(consumer)},
 		kgo.RecordHeader{Key: HeaderDLQAttempts, Value: strconv.AppendInt(nil, int64(attempts), 10)},
 		kgo.RecordHeader{Key: HeaderDLQOriginalTopic, Value: []byte(r.Topic)},

@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/clip"
 )
 
 // Headers the Consumer adds to a dead-lettered record, after the original
@@ -97,7 +97,7 @@ func decode(r *kgo.Record) (Event, *malformed) {
 		{outbox.HeaderEventType, ev.Type},
 	} {
 		if why := outbox.ValidText(h.value); why != "" {
-			return ev, &malformed{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, truncate(h.value, 64), why)}
+			return ev, &malformed{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, clip.Text(h.value, 64), why)}
 		}
 	}
 	if agg, err := uuid.ParseBytes(r.Key); err == nil {
@@ -118,7 +118,7 @@ func decode(r *kgo.Record) (Event, *malformed) {
 // digits only (no sign, no spaces).
 func parseEventID(s string) (int64, error) {
 	bad := func() (int64, error) {
-		return 0, fmt.Errorf("%s header %q is not a positive decimal integer", outbox.HeaderEventID, truncate(s, 64))
+		return 0, fmt.Errorf("%s header %q is not a positive decimal integer", outbox.HeaderEventID, clip.Text(s, 64))
 	}
 	if s == "" || len(s) > 19 {
 		return bad()
@@ -133,11 +133,4 @@ func parseEventID(s string) (int64, error) {
 		return bad()
 	}
 	return id, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "..."
 }

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/migrate"
 )
@@ -509,7 +509,7 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	res.Holds = holds
 	for _, h := range holds {
 		r.log.Error("event held: it cannot be published, so its aggregate waits behind it",
-			"event_id", h.EventID, "aggregate_id", h.AggregateID, "type", truncate(h.Type, 200), "reason", h.Reason, "err", h.Err,
+			"event_id", h.EventID, "aggregate_id", h.AggregateID, "type", clip.Text(h.Type, 200), "reason", h.Reason, "err", h.Err,
 			"attempt", h.Attempts, "held_until", h.Until.Format(time.RFC3339),
 			"retry_now", fmt.Sprintf("outbox events retry %d --yes", h.EventID), "park", fmt.Sprintf("outbox events park %d --reason ... --yes", h.EventID))
 	}
@@ -607,7 +607,7 @@ func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *B
 		failures = append(failures, i)
 		if IsPermanent(err) {
 			res.Permanent++
-			holds = append(holds, Hold{EventID: m.ID, AggregateID: m.AggregateID, Type: m.Type, Reason: ReasonOf(err), Err: truncate(err.Error(), maxErrorLen)})
+			holds = append(holds, Hold{EventID: m.ID, AggregateID: m.AggregateID, Type: m.Type, Reason: ReasonOf(err), Err: clip.Text(err.Error(), maxErrorLen)})
 			continue
 		}
 		res.Transient++
@@ -657,13 +657,6 @@ func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) ([]H
 // maxErrorLen caps a recorded error: enough for any broker or relayer
 // message, bounded in case a publisher quotes a payload.
 const maxErrorLen = 2000
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "..."
-}
 
 // probeSize is the claim of a relayer whose last claims all waited behind
 // another relayer: small, so it holds few rows the other needs.
@@ -725,7 +718,7 @@ func decodeHeaders(raw []byte) (map[string]string, error) {
 	}
 	var h map[string]string
 	if err := json.Unmarshal(raw, &h); err != nil {
-		return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s are not a JSON object of string values (%s); rewrite them as {\"name\": \"value\", ...} or park the row", truncate(string(raw), 200), err))
+		return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s are not a JSON object of string values (%s); rewrite them as {\"name\": \"value\", ...} or park the row", clip.Text(string(raw), 200), err))
 	}
 	for k := range h {
 		if outbox.IsReservedHeader(k) {
