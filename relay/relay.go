@@ -694,7 +694,7 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64)
 		m.ID, m.Type, m.CreatedAt = *id, *typ, *created
 		// A row written by hand can hold any JSONB in headers: it fails on
 		// its own, never the claim.
-		if m.Headers, err = decodeHeaders(headers); err != nil {
+		if m.Headers, err = DecodeHeaders(headers); err != nil {
 			if bad == nil {
 				bad = map[int64]error{}
 			}
@@ -709,10 +709,13 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64)
 	return msgs, bad, int(locked), nil
 }
 
-// decodeHeaders reads a row's headers column: SQL NULL, JSON null or a
+// DecodeHeaders reads a row's headers column: SQL NULL, JSON null or a
 // JSON object of strings whose names the relayer does not set itself.
-// Anything else is a permanent failure of that row.
-func decodeHeaders(raw []byte) (map[string]string, error) {
+// Anything else is a permanent failure of that row (ReasonUndecodable,
+// ReasonReservedHeader). Every source of Messages (the claim here, the WAL
+// source in relay/walrelay) decodes headers with it, so a row is published
+// or refused the same way whichever source reads it.
+func DecodeHeaders(raw []byte) (map[string]string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}

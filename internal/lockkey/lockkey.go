@@ -4,7 +4,8 @@
 //   - Emit's per-aggregate locks, two-key (int4, int4): Emit(table) and the
 //     aggregate's bucket (Bucket);
 //   - the migration lock, one bigint key: Migration(table);
-//   - the cleanup lock, two-key: Cleanup(table) and CleanupID.
+//   - the cleanup lock, two-key: Cleanup(table) and CleanupID;
+//   - the WAL relay's leader lock, two-key: WALSlot(slot) and WALSlotID.
 //
 // Each namespace is fixed per outbox table (schema and name), so several
 // outboxes in one database never wait on each other, and hashed with a
@@ -54,6 +55,17 @@ const CleanupID = 1
 // cleans an outbox; the second is CleanupID.
 func Cleanup(schema, outbox string) int32 {
 	return int32(Hash32("outbox-ops:" + schema + "." + outbox))
+}
+
+// WALSlotID is the second key of the WAL relay's leader lock.
+const WALSlotID = 2
+
+// WALSlot is the first key of the session lock the leader of the WAL
+// relayers reading a replication slot holds; the second is WALSlotID. It
+// is keyed by the slot, not the outbox: a slot has one reader at a time,
+// whichever outbox it serves.
+func WALSlot(slot string) int32 {
+	return int32(Hash32("outbox-wal-slot:" + slot))
 }
 
 // Hash32 is FNV-1a, the hash every key (and the NOTIFY channel) is derived

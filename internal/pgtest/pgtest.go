@@ -47,6 +47,9 @@ type Options struct {
 	MaxConns int32
 	// NoMigrate leaves the schema empty.
 	NoMigrate bool
+	// ServerURL is the server to create the schema on, e.g. a throwaway
+	// cluster with other settings (tmppg). Defaults to URL().
+	ServerURL string
 }
 
 // New creates a fresh schema, migrates it, and drops it when t ends.
@@ -62,16 +65,20 @@ func New(t testing.TB, opts ...Options) *DB {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
+	server := o.ServerURL
+	if server == "" {
+		server = URL()
+	}
 	schema := Name(t)
-	admin, err := pgxpool.New(ctx, URL())
+	admin, err := pgxpool.New(ctx, server)
 	require.NoError(t, err)
 	defer admin.Close()
 	_, err = admin.Exec(ctx, `CREATE SCHEMA "`+schema+`"`)
-	require.NoError(t, err, "create test schema on %s; is Postgres running? (set DATABASE_URL)", redact(URL()))
+	require.NoError(t, err, "create test schema on %s; is Postgres running? (set DATABASE_URL)", redact(server))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		admin, err := pgxpool.New(ctx, URL())
+		admin, err := pgxpool.New(ctx, server)
 		if err != nil {
 			t.Logf("pgtest: drop schema %s: %v", schema, err)
 			return
@@ -82,7 +89,7 @@ func New(t testing.TB, opts ...Options) *DB {
 		}
 	})
 
-	url := WithSearchPath(URL(), schema)
+	url := WithSearchPath(server, schema)
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	cfg.MaxConns = o.MaxConns

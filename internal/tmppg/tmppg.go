@@ -1,5 +1,7 @@
 // Package tmppg starts a throwaway Postgres cluster in a temporary directory,
-// for `outbox demo` on a machine where no server answers. It needs initdb and
+// for `outbox demo` on a machine where no server answers, and for tests that
+// need server settings the machine's server lacks (StartWith, Logical: the
+// WAL relay's wal_level=logical). It needs initdb and
 // pg_ctl on the PATH. Postgres refuses to run as root, so when started by
 // root the cluster runs as the "postgres" user (or $OUTBOX_PG_USER).
 package tmppg
@@ -13,7 +15,10 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -34,8 +39,22 @@ func Available() bool {
 	return err1 == nil && err2 == nil
 }
 
+// Options tunes StartWith.
+type Options struct {
+	// Settings are server settings passed as -c name=value at start, e.g.
+	// {"wal_level": "logical", "max_replication_slots": "20"} for a cluster
+	// that can decode its WAL. They come after the defaults (fsync=off,
+	// max_connections=60), so they can override them. Defaults to none.
+	Settings map[string]string
+}
+
 // Start creates and starts a cluster listening on 127.0.0.1 on a free port.
 func Start(ctx context.Context) (*Cluster, error) {
+	return StartWith(ctx, Options{})
+}
+
+// StartWith is Start with server settings.
+func StartWith(ctx context.Context, o Options) (*Cluster, error) {
 	initdb, err := exec.LookPath("initdb")
 	if err != nil {
 		return nil, errors.New("tmppg: initdb is not on the PATH; install PostgreSQL server binaries or set DATABASE_URL")
@@ -87,6 +106,19 @@ func Start(ctx context.Context) (*Cluster, error) {
 		return nil, fmt.Errorf("tmppg: initdb: %w: %s", err, out)
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=60", c.port, c.dir)
+	names := make([]string, 0, len(o.Settings))
+	for k := range o.Settings {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		v := o.Settings[k]
+		if !settingRE.MatchString(k) || strings.ContainsAny(v, " '\"\\") {
+			c.cleanup()
+			return nil, fmt.Errorf("tmppg: setting %s=%q: use a plain name and a value without spaces or quotes", k, v)
+		}
+		opts += fmt.Sprintf(" -c %s=%s", k, v)
+	}
 	if out, err := c.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(c.dir, "log"), "-w", "-t", "30", "start"); err != nil {
 		c.cleanup()
 		return nil, fmt.Errorf("tmppg: pg_ctl start: %w: %s", err, out)
@@ -120,6 +152,23 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) ([]byte,
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
 	}
 	return cmd.CombinedOutput()
+}
+
+var settingRE = regexp.MustCompile(`^[a-z_][a-z0-9_.]*$`)
+
+// Logical starts a cluster that can decode its WAL (wal_level=logical),
+// with room for slots replicas of relayers in tests: the settings the WAL
+// relay needs, plus extra.
+func Logical(ctx context.Context, slots int, extra map[string]string) (*Cluster, error) {
+	s := map[string]string{
+		"wal_level":             "logical",
+		"max_replication_slots": strconv.Itoa(slots),
+		"max_wal_senders":       strconv.Itoa(slots),
+	}
+	for k, v := range extra {
+		s[k] = v
+	}
+	return StartWith(ctx, Options{Settings: s})
 }
 
 func freePort() (int, error) {

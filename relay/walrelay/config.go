@@ -1,0 +1,146 @@
+package walrelay
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// Defaults of Config, applied by New and used by `outbox relay --mode wal`.
+const (
+	DefaultBatchSize          = 5000
+	DefaultStatusInterval     = time.Second
+	DefaultHeartbeatInterval  = 5 * time.Second
+	DefaultLeaderPollInterval = time.Second
+	DefaultSlotBusyTimeout    = 10 * time.Second
+	DefaultBackoffMin         = 100 * time.Millisecond
+	DefaultBackoffMax         = 30 * time.Second
+	// HeartbeatPrefix is the prefix of the heartbeat messages.
+	HeartbeatPrefix = "outbox-heartbeat"
+)
+
+// Config configures a Relayer. Pool and Publisher are required.
+type Config struct {
+	// Pool connects to the database holding the outbox. The relayer takes
+	// its leader lock, heartbeats, parks refused events and reads the
+	// slot's state through it, and opens its replication connection with
+	// the pool's connection settings (plus replication=database): the
+	// role needs the REPLICATION attribute. Required.
+	Pool *pgxpool.Pool
+	// Publisher delivers messages to the broker. Required.
+	Publisher relay.Publisher
+	// Tables names the outbox table. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// TopicPrefix is prepended to the topic derived from each event type,
+	// as for the polling relay. Defaults to "".
+	TopicPrefix string
+	// Slot is the logical replication slot to read. Defaults to
+	// DefaultName(Tables).
+	Slot string
+	// Publication is the publication of the outbox's inserts. Defaults to
+	// DefaultName(Tables).
+	Publication string
+	// SkipSetup makes Run use the slot and publication as they are instead
+	// of creating them when missing (Setup). Defaults to false.
+	SkipSetup bool
+	// BatchSize is the most messages one Publish call takes; while a batch
+	// is out, the stream is read on until this many more wait. Defaults to
+	// DefaultBatchSize (5000).
+	BatchSize int
+	// StatusInterval is the longest the relayer goes without telling the
+	// server how far the broker has acknowledged (a standby status update);
+	// it also answers at once when the server asks. Defaults to
+	// DefaultStatusInterval (1s).
+	StatusInterval time.Duration
+	// HeartbeatInterval is how often the leader writes a non-transactional
+	// logical message (prefix HeartbeatPrefix), so that the slot's position
+	// advances while the outbox is idle and other tables fill the WAL. A
+	// negative value turns it off. Defaults to DefaultHeartbeatInterval
+	// (5s).
+	HeartbeatInterval time.Duration
+	// LeaderPollInterval is how often a relayer that is not the leader
+	// tries to take the leader lock: failover happens within about this
+	// long after the leader's session ends. Defaults to
+	// DefaultLeaderPollInterval (1s).
+	LeaderPollInterval time.Duration
+	// SlotBusyTimeout is how long a new leader waits for the slot to be
+	// released by its previous reader (a leader that just died) before it
+	// fails with ErrSlotBusy. Defaults to DefaultSlotBusyTimeout (10s).
+	SlotBusyTimeout time.Duration
+	// BackoffMin and BackoffMax bound the backoff after a failure: the
+	// broker or the database unreachable. Default to DefaultBackoffMin
+	// (100ms) and DefaultBackoffMax (30s).
+	BackoffMin, BackoffMax time.Duration
+	// Name tells this relayer's sessions apart in pg_stat_activity
+	// (application_name "outbox-wal <name>"). Defaults to "".
+	Name string
+	// Logger receives structured logs. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+func (cfg *Config) applyDefaults() error {
+	if cfg.Pool == nil {
+		return errors.New("walrelay: Config.Pool is nil; pass a *pgxpool.Pool connected to the outbox database")
+	}
+	if cfg.Publisher == nil {
+		return errors.New("walrelay: Config.Publisher is nil; pass a publisher, e.g. kafkapub.NewPublisher")
+	}
+	if err := cfg.Tables.Validate(); err != nil {
+		return err
+	}
+	cfg.Tables = cfg.Tables.WithDefaults()
+	if cfg.TopicPrefix != "" {
+		if err := outbox.ValidateTopic(cfg.TopicPrefix + "x"); err != nil {
+			return fmt.Errorf("walrelay: topic prefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
+		}
+	}
+	if cfg.Slot == "" {
+		cfg.Slot = DefaultName(cfg.Tables)
+	}
+	if cfg.Publication == "" {
+		cfg.Publication = DefaultName(cfg.Tables)
+	}
+	if err := validNames(cfg.Slot, cfg.Publication); err != nil {
+		return err
+	}
+	if cfg.BatchSize < 0 || cfg.BatchSize > 100_000 {
+		return fmt.Errorf("walrelay: BatchSize is %d; use 1 to 100000, or 0 for the default %d", cfg.BatchSize, DefaultBatchSize)
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	for _, f := range []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{
+		{"StatusInterval", &cfg.StatusInterval, DefaultStatusInterval},
+		{"LeaderPollInterval", &cfg.LeaderPollInterval, DefaultLeaderPollInterval},
+		{"SlotBusyTimeout", &cfg.SlotBusyTimeout, DefaultSlotBusyTimeout},
+		{"BackoffMin", &cfg.BackoffMin, DefaultBackoffMin},
+		{"BackoffMax", &cfg.BackoffMax, DefaultBackoffMax},
+	} {
+		if *f.d < 0 {
+			return fmt.Errorf("walrelay: %s is %s; use a positive duration, or 0 for the default", f.name, *f.d)
+		}
+		if *f.d == 0 {
+			*f.d = f.def
+		}
+	}
+	if cfg.BackoffMax < cfg.BackoffMin {
+		return fmt.Errorf("walrelay: BackoffMax (%s) is below BackoffMin (%s)", cfg.BackoffMax, cfg.BackoffMin)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return nil
+}

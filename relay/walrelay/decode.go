@@ -1,0 +1,176 @@
+package walrelay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/clip"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// MessagePrefix is the prefix of the logical messages that carry events of
+// the outbox t (the emit mode without a table): "outbox:<schema>.<table>".
+//
+// The message must be transactional (pg_logical_emit_message's first
+// argument true), so that it exists iff the caller's transaction commits,
+// and its content is one JSON object:
+//
+//	{"id": 42, "aggregate_id": "6ba7b810-...", "type": "order.placed",
+//	 "payload": {...}, "headers": {"trace": "..."}}
+//
+// id is the event's unique id, the event_id header: draw it from the
+// outbox's id sequence (nextval('<schema>.<table>_id_seq')) so that it can
+// never equal a row's. headers is optional (an object of strings, none of
+// the names the relayer sets); so is created_at (RFC 3339; the
+// transaction's commit time otherwise). From SQL:
+//
+//	SELECT pg_logical_emit_message(true, 'outbox:public.events_outbox',
+//	  json_build_object('id', nextval('public.events_outbox_id_seq'),
+//	    'aggregate_id', $1::uuid, 'type', $2::text, 'payload', $3::jsonb,
+//	    'headers', $4::jsonb)::text);
+//
+// The payload is published as the JSON text of its field.
+func MessagePrefix(t outbox.Tables) string {
+	t = t.WithDefaults()
+	return "outbox:" + t.Schema + "." + t.Outbox
+}
+
+// item is one event read from the WAL on its way to the broker. err is set
+// when it cannot be published (it is parked); rawHeaders keep the headers
+// as written, for the parked row.
+type item struct {
+	msg        relay.Message
+	rawHeaders []byte
+	err        error
+}
+
+// relation is a relation the stream announced; cols locates the outbox's
+// columns by name (the positions are the table's, whatever they are).
+type relation struct {
+	outbox bool
+	name   string
+	cols   map[string]int
+}
+
+var requiredCols = []string{"id", "aggregate_id", "type", "payload"}
+
+func newRelation(m *pglogrepl.RelationMessage, t outbox.Tables) (*relation, error) {
+	r := &relation{name: m.Namespace + "." + m.RelationName, cols: map[string]int{}}
+	if m.Namespace != t.Schema || m.RelationName != t.Outbox {
+		return r, nil
+	}
+	r.outbox = true
+	for i, c := range m.Columns {
+		r.cols[c.Name] = i
+	}
+	for _, c := range requiredCols {
+		if _, ok := r.cols[c]; !ok {
+			return nil, fmt.Errorf("walrelay: the stream's %s has no column %q; is it an outbox table (outbox migrate up)?", r.name, c)
+		}
+	}
+	return r, nil
+}
+
+// col returns the text of the named column, nil for NULL or a column the
+// relation does not have.
+func (r *relation) col(tup *pglogrepl.TupleData, name string) []byte {
+	i, ok := r.cols[name]
+	if !ok || i >= len(tup.Columns) {
+		return nil
+	}
+	c := tup.Columns[i]
+	if c.DataType != pglogrepl.TupleDataTypeText {
+		return nil
+	}
+	return c.Data
+}
+
+// timestampLayout is timestamptz as Postgres prints it with DateStyle ISO
+// and TimeZone UTC, which the replication connection sets.
+const timestampLayout = "2006-01-02 15:04:05.999999-07"
+
+// insertItem turns an inserted outbox row into an item, as the polling
+// relay's claim does: the same Message, headers decoded by
+// relay.DecodeHeaders, topic by outbox.Topic.
+func (r *relation) insertItem(tup *pglogrepl.TupleData, prefix string) (item, error) {
+	var it item
+	id, err := strconv.ParseInt(string(r.col(tup, "id")), 10, 64)
+	if err != nil {
+		return it, fmt.Errorf("walrelay: %s row with id %q: %w", r.name, clip.Text(string(r.col(tup, "id")), 40), err)
+	}
+	it.msg.ID = id
+	if it.msg.AggregateID, err = uuid.ParseBytes(r.col(tup, "aggregate_id")); err != nil {
+		it.err = relay.PermanentReason(relay.ReasonUndecodable, fmt.Errorf("aggregate_id %q: %w", clip.Text(string(r.col(tup, "aggregate_id")), 40), err))
+	}
+	it.msg.Type = string(r.col(tup, "type"))
+	it.msg.Payload = r.col(tup, "payload")
+	it.rawHeaders = r.col(tup, "headers")
+	created := r.col(tup, "requeued_at")
+	if created == nil {
+		created = r.col(tup, "created_at")
+	}
+	if created != nil {
+		it.msg.CreatedAt, _ = time.Parse(timestampLayout, string(created))
+	}
+	it.finish(prefix)
+	return it, nil
+}
+
+// wireEvent is the JSON content of an event's logical message.
+type wireEvent struct {
+	ID          int64           `json:"id"`
+	AggregateID uuid.UUID       `json:"aggregate_id"`
+	Type        string          `json:"type"`
+	Payload     json.RawMessage `json:"payload"`
+	Headers     json.RawMessage `json:"headers"`
+	CreatedAt   *time.Time      `json:"created_at"`
+}
+
+// messageItem decodes an event's logical message. An event without an id
+// cannot be published, nor parked: it is returned as an error.
+func messageItem(content []byte, committed time.Time, prefix string) (item, error) {
+	var ev wireEvent
+	var it item
+	if err := json.Unmarshal(content, &ev); err != nil || ev.ID <= 0 {
+		if err == nil {
+			err = errors.New(`no positive "id"`)
+		}
+		return it, fmt.Errorf("walrelay: a logical message of the outbox is not an event (%s): %s", err, clip.Text(string(content), 200))
+	}
+	it.msg = relay.Message{ID: ev.ID, AggregateID: ev.AggregateID, Type: ev.Type, Payload: ev.Payload, CreatedAt: committed}
+	if ev.CreatedAt != nil {
+		it.msg.CreatedAt = *ev.CreatedAt
+	}
+	if len(ev.Headers) > 0 {
+		it.rawHeaders = ev.Headers
+	}
+	switch {
+	case ev.AggregateID == uuid.Nil:
+		it.err = relay.PermanentReason(relay.ReasonUndecodable, errors.New(`the event's message has no "aggregate_id"`))
+	case len(ev.Payload) == 0 || string(ev.Payload) == "null":
+		it.err = relay.PermanentReason(relay.ReasonUndecodable, errors.New(`the event's message has no "payload"`))
+	}
+	it.finish(prefix)
+	return it, nil
+}
+
+// finish decodes the headers and routes the type to its topic, as the
+// polling relay does; a failure is the item's, permanent.
+func (it *item) finish(prefix string) {
+	var err error
+	it.msg.Headers, err = relay.DecodeHeaders(it.rawHeaders)
+	if err == nil {
+		it.msg.Topic, err = outbox.Topic(prefix, it.msg.Type)
+		err = relay.PermanentReason(relay.ReasonInvalidTopic, err)
+	}
+	if it.err == nil {
+		it.err = err
+	}
+}

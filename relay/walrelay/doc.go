@@ -1,0 +1,81 @@
+// Package walrelay is the log-tailing source of the relay (`outbox relay
+// --mode wal`): it streams the outbox's committed inserts from a logical
+// replication slot (pgoutput) and publishes them with the same records,
+// keys, headers and topics as the polling relay (package relay), through
+// the same relay.Publisher. It never updates a row: no dispatched_at, no
+// dead tuple per event, no pending index to churn.
+//
+//	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
+//	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
+//	r, err := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub})
+//	err = r.Run(ctx) // until ctx is cancelled
+//
+// The server needs wal_level=logical, and the pool's role the REPLICATION
+// attribute. Run creates the publication (FOR TABLE the outbox, publish =
+// 'insert') and the slot when they are missing (Setup); Teardown drops
+// them.
+//
+// # Order and acknowledgement
+//
+// The WAL hands over transactions in commit order, so events of one
+// aggregate are published in commit order even when producers insert by
+// plain SQL without Emit's per-aggregate lock. Batches are published one at
+// a time, in stream order; the slot is told (standby status update,
+// WALFlushPosition) only the end of the last transaction whose every
+// record the broker acknowledged, at least every StatusInterval and
+// whenever the server asks. A crash at any point loses nothing: the slot
+// resends from its confirmed position, so at most the unacknowledged
+// transactions are published again (at-least-once; consumers
+// deduplicate on event_id).
+//
+// A heartbeat (pg_logical_emit_message(false, 'outbox-heartbeat', ''))
+// every HeartbeatInterval moves the slot while the outbox is idle and other
+// tables write WAL; it is acknowledged once everything before it is.
+// Keepalives do the same when nothing is unacknowledged.
+//
+// # Emit modes
+//
+// Three ways to write an event, all read by this source:
+//
+//   - Plain insert (outbox.Emit, the SQL emit function, INSERT): rows stay
+//     in the table with dispatched_at NULL, which this source never sets.
+//     The WAL, not the row, is what gets published, so deleting rows is
+//     always safe for this source: clean them up by age (CleanupByAge),
+//     not with ops.Cleanup, which only deletes dispatched rows.
+//   - Insert and delete in the same transaction: the table stays empty;
+//     the publication carries inserts only, so the delete is not
+//     published.
+//   - A transactional logical message (MessagePrefix documents the
+//     format): no table row at all; the event's id comes from the outbox's
+//     sequence.
+//
+// # Poison events
+//
+// A record the broker refuses for good (too large, invalid topic, not
+// authorised) or the relayer cannot decode (headers that are not an
+// object of strings) is parked: moved to the outbox's _parked table with
+// the reason, logged with the command to unpark it, counted (Stats.Parked),
+// and the stream goes on. The slot cannot skip one event and keep the
+// rest: holding the stream until an operator acts would hold every
+// aggregate and keep WAL on disk, which is how slots fill disks. The
+// price is the one of `outbox events park`: later events of the same
+// aggregate are published without the parked one. Unparking inserts it
+// again, which publishes it (after them). Transient failures (broker
+// down) are retried in order with backoff for as long as they last.
+//
+// # High availability
+//
+// Several relayers may run against one slot. The leader holds a session
+// advisory lock (internal/lockkey.WALSlot) on its own connection; the
+// others try it every LeaderPollInterval and take over within about that
+// long once the leader's session ends (kill -9, a lost network). A leader
+// whose lock session dies stops streaming at once, so two never stream.
+//
+// # Safety
+//
+// Run fails with one line saying what to do when wal_level is not logical
+// (ErrWALLevel), when the slot was invalidated (ErrSlotLost), or when
+// another process reads the slot (ErrSlotBusy); it warns at start when
+// max_slot_wal_keep_size is unlimited. Lag reads the slot's lag in bytes
+// from any session; Relayer.Lag is the leader's lag in time.
+package walrelay

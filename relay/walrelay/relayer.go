@@ -1,0 +1,300 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/lockkey"
+	"github.com/pgoutbox/outbox/migrate"
+)
+
+// Relayer streams the outbox's committed inserts (and event messages) from
+// a logical replication slot to the broker. Any number can run against one
+// slot: one leads (a session advisory lock), the others stand by. Create
+// it with New, run it with Run.
+type Relayer struct {
+	cfg        Config
+	log        *slog.Logger
+	parkSQL    string
+	parkRawSQL string
+	prefix     string
+
+	// keepaliveAdvance acknowledges the server's WAL end from keepalives
+	// when nothing is unacknowledged; tests turn it off to show that the
+	// heartbeat alone moves the slot.
+	keepaliveAdvance bool
+
+	leading                                                         atomic.Bool
+	published, parked, dropped, batches, heartbeats, failedBatches atomic.Int64
+	acked                                                           atomic.Uint64
+	// oldestUnacked is the commit time (Unix ns) of the oldest transaction
+	// read and not yet acknowledged; 0 when none.
+	oldestUnacked atomic.Int64
+	warnedKeep    sync.Once
+}
+
+// Stats are cumulative counters since the relayer was created.
+type Stats struct {
+	// Published events the broker acknowledged (with duplicates re-sent
+	// after a restart or failover).
+	Published int64
+	// Parked events the broker refused for good or the relayer could not
+	// decode: moved to the parked table, the stream went on.
+	Parked int64
+	// Dropped logical messages with the outbox's prefix that were not
+	// events (no id): logged, not published, not parked.
+	Dropped int64
+	// Batches published, and FailedBatches attempts that failed and backed
+	// off (broker or database unreachable).
+	Batches, FailedBatches int64
+	// Heartbeats read back from the stream.
+	Heartbeats int64
+	// AckedLSN is the last position acknowledged to the slot.
+	AckedLSN pglogrepl.LSN
+	// Leading is true while this relayer is the slot's reader.
+	Leading bool
+}
+
+// New validates cfg and applies its defaults.
+func New(cfg Config) (*Relayer, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	return &Relayer{
+		cfg:              cfg,
+		log:              cfg.Logger.With("outbox", cfg.Tables.OutboxIdent(), "slot", cfg.Slot),
+		parkSQL:          render(parkSQL, cfg.Tables),
+		parkRawSQL:       render(parkRawSQL, cfg.Tables),
+		prefix:           MessagePrefix(cfg.Tables),
+		keepaliveAdvance: true,
+	}, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (r *Relayer) Config() Config { return r.cfg }
+
+// Stats returns the cumulative counters.
+func (r *Relayer) Stats() Stats {
+	return Stats{
+		Published: r.published.Load(), Parked: r.parked.Load(), Dropped: r.dropped.Load(),
+		Batches: r.batches.Load(), FailedBatches: r.failedBatches.Load(), Heartbeats: r.heartbeats.Load(),
+		AckedLSN: pglogrepl.LSN(r.acked.Load()), Leading: r.leading.Load(),
+	}
+}
+
+// Lag is how long ago the oldest transaction this relayer has read but the
+// broker has not yet acknowledged in full committed: the slot's lag in
+// time, as the leader sees it (0 on a standby, or when all is
+// acknowledged). Lag (the function) gives the lag in bytes from any
+// session.
+func (r *Relayer) Lag() time.Duration {
+	ns := r.oldestUnacked.Load()
+	if ns == 0 {
+		return 0
+	}
+	return max(time.Since(time.Unix(0, ns)), 0)
+}
+
+// Run relays until ctx is cancelled, then returns nil. It stands by until
+// it holds the slot's leader lock, then streams. It returns an error when
+// it cannot start (schema out of date, wal_level not logical) or must not
+// go on: the slot was invalidated (ErrSlotLost) or another process reads
+// it (ErrSlotBusy). Database and broker outages, and the loss of the
+// leader's session, are ridden out: it steps down and stands by again.
+func (r *Relayer) Run(ctx context.Context) error {
+	m, err := migrate.New(r.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	if err := m.Validate(ctx, r.cfg.Pool); err != nil {
+		return fmt.Errorf("walrelay: %w", err)
+	}
+	if err := checkWALLevel(ctx, r.cfg.Pool); err != nil {
+		return err
+	}
+	r.log.Info("wal relay started; waiting to lead", "publication", r.cfg.Publication, "batch_size", r.cfg.BatchSize, "heartbeat_interval", r.cfg.HeartbeatInterval)
+	defer r.log.Info("wal relay stopped")
+	failures := 0
+	for ctx.Err() == nil {
+		lock, err := r.takeLead(ctx)
+		if err == nil && lock == nil {
+			if !backoff.Sleep(ctx, r.cfg.LeaderPollInterval) {
+				return nil
+			}
+			continue
+		}
+		if err == nil {
+			start := time.Now()
+			err = r.lead(ctx, lock)
+			lock.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing releases the lock either way
+			r.leading.Store(false)
+			r.oldestUnacked.Store(0)
+			if time.Since(start) > time.Minute {
+				failures = 0
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) {
+			return err
+		}
+		failures++
+		r.failedBatches.Add(1)
+		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+		r.log.Warn("wal relay stepped down; standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+		if !backoff.Sleep(ctx, d) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// takeLead opens a session and tries the leader lock on it. It returns
+// the session holding the lock, or nil when another relayer leads.
+func (r *Relayer) takeLead(ctx context.Context) (*pgx.Conn, error) {
+	cc := r.cfg.Pool.Config().ConnConfig.Copy()
+	cc.RuntimeParams["application_name"] = r.appName("leader")
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("connect for the leader lock: %w", err)
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, leaderLockSQL, lockkey.WALSlot(r.cfg.Slot), lockkey.WALSlotID).Scan(&got); err != nil {
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the query's error
+		return nil, fmt.Errorf("take the leader lock: %w", err)
+	}
+	if !got {
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // nothing held
+		return nil, nil
+	}
+	return conn, nil
+}
+
+func (r *Relayer) appName(role string) string {
+	n := "outbox-wal " + role
+	if r.cfg.Name != "" {
+		n += " " + r.cfg.Name
+	}
+	return n
+}
+
+// lead runs the leader's stream while lock holds the leader lock. It
+// returns when ctx ends, the lock's session dies (another relayer may
+// lead by then: the stream must stop), or the stream fails.
+func (r *Relayer) lead(ctx context.Context, lock *pgx.Conn) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	r.leading.Store(true)
+	r.log.Info("wal relay leads: streaming the slot")
+	if !r.cfg.SkipSetup {
+		if err := Setup(ctx, lock, r.cfg.Tables, r.cfg.Slot, r.cfg.Publication); err != nil {
+			return err
+		}
+	}
+	start, err := r.checkSlot(ctx, lock)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel(nil)
+	// The lock's session is watched: if it ends (killed, network), another
+	// relayer can take the lock, and two must never stream.
+	wg.Go(func() {
+		t := time.NewTicker(r.cfg.LeaderPollInterval / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+			err := lock.Ping(pctx)
+			pcancel()
+			if err != nil && ctx.Err() == nil {
+				cancel(fmt.Errorf("the leader lock's session was lost: %w", err))
+				return
+			}
+		}
+	})
+	if r.cfg.HeartbeatInterval > 0 {
+		wg.Go(func() { r.heartbeat(ctx) })
+	}
+	err = r.stream(ctx, start)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// checkSlot checks the slot before streaming and returns its confirmed
+// position: lost is fatal; active in another process is waited on for
+// SlotBusyTimeout (a leader that just died), then fatal.
+func (r *Relayer) checkSlot(ctx context.Context, db Querier) (pglogrepl.LSN, error) {
+	var keep string
+	if err := db.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err == nil && keep == "-1" {
+		r.warnedKeep.Do(func() {
+			r.log.Warn("max_slot_wal_keep_size is -1 (unlimited): if this relay stops for long, the slot keeps WAL until the disk fills; set a limit (ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf()) and alert on the slot's lag")
+		})
+	}
+	deadline := time.Now().Add(r.cfg.SlotBusyTimeout)
+	for {
+		var (
+			status, confirmed, plugin string
+			pid                       *int32
+			sameDB                    bool
+		)
+		err := db.QueryRow(ctx, slotSQL, r.cfg.Slot).Scan(&status, &pid, &confirmed, &plugin, &sameDB)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, fmt.Errorf("walrelay: no replication slot %s: let the relay create it (do not set SkipSetup / --skip-setup) or create it with walrelay.Setup", r.cfg.Slot)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read slot %s: %w", r.cfg.Slot, err)
+		}
+		switch {
+		case status == "lost":
+			return 0, fmt.Errorf("%w: slot %s has wal_status=lost (it fell behind max_slot_wal_keep_size and the WAL it needed is gone; events after its position %s may be missing): drop it (outbox relay --mode wal --teardown), republish the gap from the table (outbox relay --mode poll) and start again", ErrSlotLost, r.cfg.Slot, confirmed)
+		case plugin != "pgoutput" || !sameDB:
+			return 0, fmt.Errorf("%w: slot %s is not a pgoutput slot of this database (plugin %s): choose another --slot", ErrSlotBusy, r.cfg.Slot, plugin)
+		case pid == nil:
+			lsn, err := pglogrepl.ParseLSN(confirmed)
+			if err != nil {
+				return 0, fmt.Errorf("slot %s: confirmed_flush_lsn %q: %w", r.cfg.Slot, confirmed, err)
+			}
+			return lsn, nil
+		case time.Now().After(deadline):
+			return 0, fmt.Errorf("%w: slot %s is read by process %d, which does not hold the outbox relay's leader lock: stop that reader (SELECT pg_terminate_backend(%d)) or give this relay another --slot", ErrSlotBusy, r.cfg.Slot, *pid, *pid)
+		}
+		if !backoff.Sleep(ctx, 200*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// heartbeat writes a non-transactional logical message every
+// HeartbeatInterval while this relayer leads.
+func (r *Relayer) heartbeat(ctx context.Context) {
+	t := time.NewTicker(r.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := r.cfg.Pool.Exec(ctx, heartbeatSQL); err != nil && ctx.Err() == nil {
+			r.log.Warn("wal relay heartbeat failed; the slot may lag while the outbox is idle", "err", err)
+		}
+	}
+}

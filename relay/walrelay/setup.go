@@ -1,0 +1,162 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
+)
+
+// Errors a WAL relayer cannot ride out: Run returns them (wrapped, as one
+// line that says what to do). Check them with errors.Is.
+var (
+	// ErrWALLevel: the server does not write logical WAL (wal_level is
+	// replica or minimal).
+	ErrWALLevel = errors.New("walrelay: the server's wal_level is not logical")
+	// ErrSlotLost: the slot was invalidated (wal_status = lost): the WAL it
+	// still needed was removed, so events may have been missed.
+	ErrSlotLost = errors.New("walrelay: the replication slot was invalidated")
+	// ErrSlotBusy: another process, not a relayer holding the leader lock,
+	// reads the slot.
+	ErrSlotBusy = errors.New("walrelay: the replication slot is in use by another process")
+)
+
+// Querier is the narrowest database handle the setup and lag functions
+// need: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// DefaultName is the slot and publication name for an outbox when
+// Config.Slot and Config.Publication are empty: "outbox_<table>" for the
+// public schema, "outbox_<schema>_<table>" otherwise, cut to 63 bytes.
+func DefaultName(t outbox.Tables) string {
+	t = t.WithDefaults()
+	n := "outbox_" + t.Outbox
+	if t.Schema != outbox.DefaultSchema {
+		n = "outbox_" + t.Schema + "_" + t.Outbox
+	}
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return n
+}
+
+// Setup creates, when missing, the publication of the outbox's inserts
+// (FOR TABLE <outbox> WITH (publish = 'insert')) and the logical slot
+// (pgoutput) the WAL relayer reads. It is idempotent, and Run calls it.
+// The publication is created first: pgoutput reads it as of each change
+// it decodes, so a slot older than its publication fails on the changes
+// in between. Creating a slot waits for the transactions open at that
+// moment to end. Events committed before the slot exists are not in it:
+// see the README for moving an outbox from polling to the WAL.
+//
+// Drop both with Teardown (`outbox relay --mode wal --teardown`). A slot
+// nobody reads keeps WAL on the server's disk without limit (unless
+// max_slot_wal_keep_size is set): drop the slot of an outbox you stop
+// relaying from the WAL.
+func Setup(ctx context.Context, db Querier, t outbox.Tables, slot, publication string) error {
+	t = t.WithDefaults()
+	if err := validNames(slot, publication); err != nil {
+		return err
+	}
+	if err := checkWALLevel(ctx, db); err != nil {
+		return err
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, publication).Scan(&exists); err != nil {
+		return fmt.Errorf("walrelay: look up publication %s: %w", publication, err)
+	}
+	if !exists {
+		_, err := db.Exec(ctx, "CREATE PUBLICATION "+pgident.Quote(publication)+" FOR TABLE "+t.OutboxIdent()+" WITH (publish = 'insert')")
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // duplicate_object: a concurrent Setup
+			return fmt.Errorf("walrelay: create publication %s for %s: %w", publication, t.OutboxIdent(), err)
+		}
+	}
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&exists); err != nil {
+		return fmt.Errorf("walrelay: look up slot %s: %w", slot, err)
+	}
+	if !exists {
+		_, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") {
+			return fmt.Errorf("walrelay: create logical replication slot %s: %w", slot, err)
+		}
+	}
+	return nil
+}
+
+// Teardown drops the slot and the publication, when they exist. It fails
+// while a relayer reads the slot: stop the relayers first. Events
+// committed since the slot's last acknowledged position and not yet
+// published are then only in the table (plain-insert mode) or gone
+// (insert+delete, logical messages).
+func Teardown(ctx context.Context, db Querier, slot, publication string) error {
+	if err := validNames(slot, publication); err != nil {
+		return err
+	}
+	if _, err := db.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err != nil {
+		return fmt.Errorf("walrelay: drop slot %s (stop the relayers reading it first): %w", slot, err)
+	}
+	if _, err := db.Exec(ctx, "DROP PUBLICATION IF EXISTS "+pgident.Quote(publication)); err != nil {
+		return fmt.Errorf("walrelay: drop publication %s: %w", publication, err)
+	}
+	return nil
+}
+
+func validNames(slot, publication string) error {
+	if err := pgident.Validate("slot", slot); err != nil {
+		return fmt.Errorf("walrelay: %w", err)
+	}
+	if err := pgident.Validate("publication", publication); err != nil {
+		return fmt.Errorf("walrelay: %w", err)
+	}
+	return nil
+}
+
+// checkWALLevel fails with ErrWALLevel unless the server decodes its WAL.
+func checkWALLevel(ctx context.Context, db Querier) error {
+	var level string
+	if err := db.QueryRow(ctx, `SELECT current_setting('wal_level')`).Scan(&level); err != nil {
+		return fmt.Errorf("walrelay: read wal_level: %w", err)
+	}
+	if level != "logical" {
+		return fmt.Errorf("%w (it is %s): set wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart Postgres, or relay by polling (outbox relay --mode poll)", ErrWALLevel, level)
+	}
+	return nil
+}
+
+// SlotLag is how far a slot is behind the server's WAL.
+type SlotLag struct {
+	// Bytes of WAL written since the slot's confirmed position: what the
+	// server keeps on disk for it, at least.
+	Bytes int64
+	// WALStatus is the slot's wal_status: reserved, extended, unreserved
+	// or lost.
+	WALStatus string
+	// Active is true while a relayer streams from it.
+	Active bool
+}
+
+// Lag reads a slot's lag in bytes from the server (pg_current_wal_lsn() -
+// confirmed_flush_lsn), for metrics and alerts; any replica can ask.
+// Relayer.Lag gives the leader's lag in time.
+func Lag(ctx context.Context, db Querier, slot string) (SlotLag, error) {
+	var l SlotLag
+	err := db.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, 0), coalesce(wal_status, ''), active
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&l.Bytes, &l.WALStatus, &l.Active)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, fmt.Errorf("walrelay: no replication slot %s: start a relayer with --mode wal (it creates it)", slot)
+	}
+	if err != nil {
+		return l, fmt.Errorf("walrelay: read lag of slot %s: %w", slot, err)
+	}
+	return l, nil
+}

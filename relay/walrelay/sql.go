@@ -1,0 +1,52 @@
+package walrelay
+
+import (
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/sqltext"
+)
+
+// parkSQL moves an event the broker refused for good (or the relayer could
+// not decode) into the parked table, with the reason, so the stream can go
+// on; its row leaves the outbox in the same statement (plain-insert mode;
+// in the other modes there is none), so that `outbox events unpark` can
+// put it back under its id, which is a new insert in the WAL and publishes
+// it again. ON CONFLICT: an event read again after a crash, parked
+// already. Parameters: $1 id, $2 aggregate, $3 type, $4 payload and $5
+// headers (JSON text, $5 NULL for none), $6 created_at, $7 reason, $8
+// error.
+const parkSQL = `WITH gone AS (
+  DELETE FROM {{outbox}} WHERE id = $1
+)
+INSERT INTO {{parked}} (id, aggregate_id, type, payload, headers, created_at, reason, last_error)
+VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, $6, $7, $8)
+ON CONFLICT (id) DO NOTHING`
+
+// parkRawSQL is parkSQL for an event whose payload or headers are not
+// JSON: they are kept as JSON strings, so that the parked row holds what
+// arrived.
+const parkRawSQL = `WITH gone AS (
+  DELETE FROM {{outbox}} WHERE id = $1
+)
+INSERT INTO {{parked}} (id, aggregate_id, type, payload, headers, created_at, reason, last_error)
+VALUES ($1, $2, $3, to_jsonb($4::text), to_jsonb($5::text), $6, $7, $8)
+ON CONFLICT (id) DO NOTHING`
+
+// heartbeatSQL writes the heartbeat: non-transactional, so it is decoded
+// at once, on its own, whatever else is open.
+const heartbeatSQL = `SELECT pg_logical_emit_message(false, '` + HeartbeatPrefix + `', '')`
+
+// leaderLockSQL tries the leader's session lock (lockkey.WALSlot).
+const leaderLockSQL = `SELECT pg_try_advisory_lock($1, $2)`
+
+// slotSQL reads the slot's state before streaming.
+const slotSQL = `SELECT coalesce(wal_status, ''), active_pid, coalesce(confirmed_flush_lsn, '0/0'::pg_lsn)::text, plugin, database = current_database()
+FROM pg_replication_slots WHERE slot_name = $1`
+
+var _ = sqltext.Register("walrelay", map[string]string{
+	"parkSQL": parkSQL, "cleanupSQL": cleanupSQL, "parkRawSQL": parkRawSQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL,
+})
+
+func render(sql string, t outbox.Tables) string {
+	t = t.WithDefaults()
+	return sqltext.Render(sql, sqltext.For(t.Schema, t.Outbox, t.Processed))
+}

@@ -1,0 +1,488 @@
+package walrelay
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/clip"
+	"github.com/pgoutbox/outbox/relay"
+)
+
+// mark is a commit (or a heartbeat) in the stream: once the first n items
+// queued before it are acknowledged, lsn can be acknowledged to the slot.
+type mark struct {
+	n         int
+	lsn       pglogrepl.LSN
+	committed time.Time
+}
+
+// batch is what the publisher goroutine publishes; end is the position to
+// acknowledge once it is settled (0: none, the batch ends inside a
+// transaction).
+type batch struct {
+	items []item
+	end   pglogrepl.LSN
+}
+
+// streamState is the stream's bookkeeping, owned by the stream goroutine.
+type streamState struct {
+	rels    map[uint32]*relation
+	inTx    bool
+	commit  time.Time // the open transaction's commit time
+	queue   []item
+	marks   []mark // in stream order; n relative to queue
+	acked   pglogrepl.LSN
+	pending []mark // handed off or queued commits not yet acknowledged, for Lag
+}
+
+// stream reads the slot from its confirmed position and publishes in
+// commit order until ctx ends or the stream fails.
+func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
+	pc := r.cfg.Pool.Config().ConnConfig.Config.Copy()
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = r.appName("stream")
+	pc.RuntimeParams["TimeZone"] = "UTC"
+	pc.RuntimeParams["DateStyle"] = "ISO"
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return fmt.Errorf("open the replication connection (the role needs the REPLICATION attribute): %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the stream is over either way
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
+	})
+	if err != nil {
+		return r.classify(ctx, fmt.Errorf("start replication from slot %s: %w", r.cfg.Slot, err))
+	}
+	s := &streamState{rels: map[uint32]*relation{}, acked: start}
+	r.acked.Store(uint64(start))
+
+	done := make(chan batch, 1)
+	var (
+		inflight   bool
+		wg         sync.WaitGroup
+		roundMu    sync.Mutex
+		roundStop  context.CancelFunc
+		lastStatus time.Time
+	)
+	defer wg.Wait()
+	pubCtx, stopPub := context.WithCancel(ctx)
+	defer stopPub()
+	wake := func() {
+		roundMu.Lock()
+		if roundStop != nil {
+			roundStop()
+		}
+		roundMu.Unlock()
+	}
+	sendStatus := func() error {
+		lastStatus = time.Now()
+		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: s.acked, WALFlushPosition: s.acked, WALApplyPosition: s.acked,
+		})
+		if err != nil {
+			return fmt.Errorf("send standby status: %w", err)
+		}
+		return nil
+	}
+	var round context.Context
+	for {
+		// A settled batch moves the acknowledged position.
+		select {
+		case b := <-done:
+			inflight = false
+			r.advance(s, b.end)
+			if time.Since(lastStatus) > 100*time.Millisecond {
+				if err := sendStatus(); err != nil {
+					return err
+				}
+			}
+		default:
+		}
+		if !inflight {
+			// Nothing out: a commit or heartbeat with nothing queued
+			// before it is acknowledged at once.
+			for len(s.marks) > 0 && s.marks[0].n == 0 {
+				r.advance(s, s.marks[0].lsn)
+				s.marks = s.marks[1:]
+			}
+			if len(s.queue) > 0 {
+				b := s.take(r.cfg.BatchSize)
+				inflight = true
+				wg.Go(func() {
+					r.settle(pubCtx, b.items)
+					done <- b
+					wake()
+				})
+			}
+		}
+		if time.Since(lastStatus) >= r.cfg.StatusInterval {
+			if err := sendStatus(); err != nil {
+				return err
+			}
+		}
+		if inflight && len(s.queue) >= r.cfg.BatchSize {
+			// Back pressure: read on once the batch out is settled,
+			// telling the server meanwhile that we are alive.
+			t := time.NewTimer(time.Until(lastStatus.Add(r.cfg.StatusInterval)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case b := <-done:
+				done <- b // handled at the top
+			case <-t.C:
+			}
+			t.Stop()
+			continue
+		}
+		if round == nil || round.Err() != nil {
+			var stop context.CancelFunc
+			round, stop = context.WithDeadline(ctx, lastStatus.Add(r.cfg.StatusInterval))
+			roundMu.Lock()
+			if roundStop != nil {
+				roundStop()
+			}
+			roundStop = stop
+			roundMu.Unlock()
+			if len(done) > 0 {
+				continue
+			}
+		}
+		raw, err := conn.ReceiveMessage(round)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if round.Err() != nil {
+				continue // the round's deadline, or a settled batch woke us
+			}
+			return r.classify(ctx, fmt.Errorf("receive from slot %s: %w", r.cfg.Slot, err))
+		}
+		switch msg := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return r.classify(ctx, fmt.Errorf("slot %s: %w", r.cfg.Slot, pgconn.ErrorResponseToPgError(msg)))
+		case *pgproto3.CopyData:
+			if len(msg.Data) == 0 {
+				continue
+			}
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse keepalive: %w", err)
+				}
+				// The server has sent everything before its WAL end: with
+				// nothing of ours open or unacknowledged, that position is
+				// acknowledged (as pg_recvlogical does).
+				if r.keepaliveAdvance && !s.inTx {
+					s.checkpoint(ka.ServerWALEnd, time.Time{})
+				}
+				if ka.ReplyRequested {
+					if !inflight {
+						for len(s.marks) > 0 && s.marks[0].n == 0 {
+							r.advance(s, s.marks[0].lsn)
+							s.marks = s.marks[1:]
+						}
+					}
+					if err := sendStatus(); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return fmt.Errorf("parse XLogData: %w", err)
+				}
+				if err := r.decode(s, xld); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// take hands the first n queued items to the publisher, with the position
+// of the last commit among them.
+func (s *streamState) take(n int) batch {
+	n = min(n, len(s.queue))
+	b := batch{items: s.queue[:n:n]}
+	s.queue = s.queue[n:]
+	k := 0
+	for k < len(s.marks) && s.marks[k].n <= n {
+		b.end = s.marks[k].lsn
+		k++
+	}
+	s.marks = s.marks[k:]
+	for i := range s.marks {
+		s.marks[i].n -= n
+	}
+	if len(s.queue) == 0 {
+		s.queue = nil
+	}
+	return b
+}
+
+// checkpoint records a position that can be acknowledged once everything
+// queued so far is: a commit, a heartbeat, a keepalive's WAL end.
+func (s *streamState) checkpoint(lsn pglogrepl.LSN, committed time.Time) {
+	if lsn <= s.acked {
+		return
+	}
+	if !committed.IsZero() {
+		s.pending = append(s.pending, mark{lsn: lsn, committed: committed})
+	}
+	if k := len(s.marks); k > 0 && s.marks[k-1].n == len(s.queue) {
+		s.marks[k-1].lsn = max(s.marks[k-1].lsn, lsn)
+		return
+	}
+	s.marks = append(s.marks, mark{n: len(s.queue), lsn: lsn})
+}
+
+// advance acknowledges lsn (the broker has everything before it).
+func (r *Relayer) advance(s *streamState, lsn pglogrepl.LSN) {
+	if lsn > s.acked {
+		s.acked = lsn
+		r.acked.Store(uint64(lsn))
+	}
+	k := 0
+	for k < len(s.pending) && s.pending[k].lsn <= s.acked {
+		k++
+	}
+	s.pending = s.pending[k:]
+	if len(s.pending) == 0 {
+		r.oldestUnacked.Store(0)
+	} else {
+		r.oldestUnacked.Store(s.pending[0].committed.UnixNano())
+	}
+}
+
+// decode applies one pgoutput message to the stream's state.
+func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
+	m, err := pglogrepl.Parse(xld.WALData)
+	if err != nil {
+		return fmt.Errorf("decode pgoutput message at %s: %w", xld.WALStart, err)
+	}
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessage:
+		rel, err := newRelation(m, r.cfg.Tables)
+		if err != nil {
+			return err
+		}
+		s.rels[m.RelationID] = rel
+	case *pglogrepl.BeginMessage:
+		s.inTx = true
+		s.commit = m.CommitTime
+	case *pglogrepl.CommitMessage:
+		s.inTx = false
+		s.checkpoint(m.TransactionEndLSN, m.CommitTime)
+		if len(s.pending) == 1 {
+			r.oldestUnacked.Store(s.pending[0].committed.UnixNano())
+		}
+	case *pglogrepl.InsertMessage:
+		rel, ok := s.rels[m.RelationID]
+		if !ok {
+			return fmt.Errorf("walrelay: insert into relation %d before its description", m.RelationID)
+		}
+		if !rel.outbox {
+			return nil
+		}
+		it, err := rel.insertItem(m.Tuple, r.cfg.TopicPrefix)
+		if err != nil {
+			return err
+		}
+		s.queue = append(s.queue, it)
+	case *pglogrepl.LogicalDecodingMessage:
+		switch {
+		case m.Prefix == r.prefix:
+			committed := s.commit
+			if !m.Transactional {
+				committed = time.Now()
+			}
+			it, err := messageItem(m.Content, committed, r.cfg.TopicPrefix)
+			if err != nil {
+				r.dropped.Add(1)
+				r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
+			} else {
+				s.queue = append(s.queue, it)
+			}
+			if !m.Transactional {
+				s.checkpoint(m.LSN+1, committed)
+			}
+		case !m.Transactional:
+			// A heartbeat (ours, or any other non-transactional message):
+			// everything before it has been sent.
+			if m.Prefix == HeartbeatPrefix {
+				r.heartbeats.Add(1)
+			}
+			if !s.inTx {
+				s.checkpoint(m.LSN+1, time.Time{})
+			}
+		}
+	}
+	return nil
+}
+
+// classify turns a stream failure into ErrSlotLost when the slot was
+// invalidated meanwhile.
+func (r *Relayer) classify(ctx context.Context, err error) error {
+	var status string
+	if qerr := r.cfg.Pool.QueryRow(context.WithoutCancel(ctx), `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&status); qerr == nil && status == "lost" {
+		return fmt.Errorf("%w: slot %s has wal_status=lost (it fell behind max_slot_wal_keep_size): drop it (outbox relay --mode wal --teardown), republish the gap from the table (outbox relay --mode poll) and start again; %v", ErrSlotLost, r.cfg.Slot, err)
+	}
+	return err
+}
+
+// settle publishes items until each is acknowledged or parked: a record
+// the broker refuses for good (or the relayer cannot decode) is moved to
+// the parked table and the stream goes on without it; anything else is
+// retried, in order, with backoff, for as long as it takes (or until ctx
+// ends). Publish never acknowledges a record of an aggregate ahead of an
+// earlier one that failed, so retrying the unacknowledged ones in order
+// keeps each aggregate's order, but for the parked.
+func (r *Relayer) settle(ctx context.Context, items []item) {
+	failures := 0
+	for len(items) > 0 && ctx.Err() == nil {
+		var park []item
+		send := make([]relay.Message, 0, len(items))
+		sendIdx := make([]int, 0, len(items))
+		for i := range items {
+			if items[i].err != nil {
+				park = append(park, items[i])
+				continue
+			}
+			send = append(send, items[i].msg)
+			sendIdx = append(sendIdx, i)
+		}
+		var errs []error
+		if len(send) > 0 {
+			errs = r.cfg.Publisher.Publish(ctx, send)
+			if len(errs) != len(send) {
+				errs = make([]error, len(send))
+				for i := range errs {
+					errs[i] = fmt.Errorf("publisher returned a wrong number of results")
+				}
+			}
+		}
+		var (
+			again     []item
+			ok        int64
+			refused   map[uuid.UUID]bool
+			transient error
+		)
+		for j, i := range sendIdx {
+			switch err := errs[j]; {
+			case err == nil:
+				ok++
+			case relay.IsPermanent(err):
+				it := items[i]
+				it.err = err
+				park = append(park, it)
+				if refused == nil {
+					refused = map[uuid.UUID]bool{}
+				}
+				refused[it.msg.AggregateID] = true
+			default:
+				again = append(again, items[i])
+				if transient == nil && !refused[items[i].msg.AggregateID] {
+					transient = err
+				}
+			}
+		}
+		r.published.Add(ok)
+		if len(park) > 0 {
+			if err := r.park(ctx, park); err != nil {
+				// Not parked: they go round again, in their place.
+				again = mergeInOrder(items, again, park)
+				if transient == nil {
+					transient = err
+				}
+			}
+		}
+		items = again
+		if transient == nil {
+			failures = 0
+			continue
+		}
+		failures++
+		r.failedBatches.Add(1)
+		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+		r.log.Warn("wal relay publish failed; retrying the unacknowledged events in order", "err", transient, "events", len(items), "attempt", failures, "retry_in", d.Round(time.Millisecond))
+		if !backoff.Sleep(ctx, d) {
+			return
+		}
+	}
+	r.batches.Add(1)
+}
+
+// mergeInOrder returns the items of a and b in their order in all.
+func mergeInOrder(all, a, b []item) []item {
+	in := make(map[int64]bool, len(a)+len(b))
+	for _, it := range a {
+		in[it.msg.ID] = true
+	}
+	for _, it := range b {
+		in[it.msg.ID] = true
+	}
+	out := make([]item, 0, len(a)+len(b))
+	for _, it := range all {
+		if in[it.msg.ID] {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// park moves items to the parked table in one transaction, logging each.
+func (r *Relayer) park(ctx context.Context, items []item) error {
+	tx, err := r.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("park %d events: %w", len(items), err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+	for _, it := range items {
+		reason := relay.ReasonOf(it.err)
+		if reason == "" {
+			reason = relay.ReasonBrokerRefused
+		}
+		why := "wal relay: " + reason
+		msg := clip.Text(it.err.Error(), 2000)
+		var headers *string
+		if it.rawHeaders != nil {
+			h := string(it.rawHeaders)
+			headers = &h
+		}
+		created := it.msg.CreatedAt
+		if created.IsZero() {
+			created = time.Now()
+		}
+		// JSON payload and headers are kept as they are; anything else as
+		// JSON strings (parkRawSQL), so that the parked row is whole.
+		sql := r.parkSQL
+		if !json.Valid(it.msg.Payload) || (headers != nil && !json.Valid(it.rawHeaders)) {
+			sql = r.parkRawSQL
+		}
+		if _, err := tx.Exec(ctx, sql, it.msg.ID, it.msg.AggregateID, it.msg.Type, string(it.msg.Payload), headers, created, why, msg); err != nil {
+			return fmt.Errorf("park event %d: %w", it.msg.ID, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("park %d events: %w", len(items), err)
+	}
+	for _, it := range items {
+		r.parked.Add(1)
+		r.log.Error("event parked: it cannot be published, so the stream goes on without it; later events of its aggregate are published without it",
+			"event_id", it.msg.ID, "aggregate_id", it.msg.AggregateID, "type", clip.Text(it.msg.Type, 200), "reason", relay.ReasonOf(it.err), "err", it.err,
+			"unpark", fmt.Sprintf("outbox events unpark %d --yes", it.msg.ID))
+	}
+	return nil
+}
