@@ -194,8 +194,7 @@ func (r *Relayer) appName(role string) string {
 func (r *Relayer) lead(ctx context.Context, lock *pgx.Conn) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	r.leading.Store(true)
-	r.log.Info("wal relay leads: streaming the slot")
+	r.log.Info("wal relay took the leader lock")
 	if !r.cfg.SkipSetup {
 		if err := Setup(ctx, lock, r.cfg.Tables, r.cfg.Slot, r.cfg.Publication); err != nil {
 			return err

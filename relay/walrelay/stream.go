@@ -31,6 +31,10 @@ type mark struct {
 type batch struct {
 	items []item
 	end   pglogrepl.LSN
+	// ok is set once every item was acknowledged or parked; a batch
+	// stopped before (shutdown) acknowledges nothing, nor does anything
+	// after it.
+	ok bool
 }
 
 // streamState is the stream's bookkeeping, owned by the stream goroutine.
@@ -65,6 +69,8 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 	}
 	s := &streamState{rels: map[uint32]*relation{}, acked: start}
 	r.acked.Store(uint64(start))
+	r.leading.Store(true)
+	r.log.Info("wal relay leads: streaming the slot", "from", start.String())
 
 	done := make(chan batch, 1)
 	var (
@@ -74,9 +80,7 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 		roundStop  context.CancelFunc
 		lastStatus time.Time
 	)
-	defer wg.Wait()
 	pubCtx, stopPub := context.WithCancel(ctx)
-	defer stopPub()
 	wake := func() {
 		roundMu.Lock()
 		if roundStop != nil {
@@ -94,11 +98,37 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 		}
 		return nil
 	}
+	// On the way out, the batch out is stopped, and what the broker
+	// acknowledged is told to the server, so that a restart re-sends as
+	// little as it can.
+	defer func() {
+		stopPub()
+		wg.Wait()
+		select {
+		case b := <-done:
+			if !b.ok {
+				return
+			}
+			r.advance(s, b.end)
+			inflight = false
+		default:
+		}
+		if !inflight {
+			for len(s.marks) > 0 && s.marks[0].n == 0 {
+				r.advance(s, s.marks[0].lsn)
+				s.marks = s.marks[1:]
+			}
+		}
+		_ = sendStatus() // best effort: the slot keeps the last one otherwise
+	}()
 	var round context.Context
 	for {
 		// A settled batch moves the acknowledged position.
 		select {
 		case b := <-done:
+			if !b.ok {
+				return fmt.Errorf("publishing stopped: %w", context.Cause(pubCtx))
+			}
 			inflight = false
 			r.advance(s, b.end)
 			if time.Since(lastStatus) > 100*time.Millisecond {
@@ -119,7 +149,7 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 				b := s.take(r.cfg.BatchSize)
 				inflight = true
 				wg.Go(func() {
-					r.settle(pubCtx, b.items)
+					b.ok = r.settle(pubCtx, b.items)
 					done <- b
 					wake()
 				})
@@ -349,7 +379,9 @@ func (r *Relayer) classify(ctx context.Context, err error) error {
 // ends). Publish never acknowledges a record of an aggregate ahead of an
 // earlier one that failed, so retrying the unacknowledged ones in order
 // keeps each aggregate's order, but for the parked.
-func (r *Relayer) settle(ctx context.Context, items []item) {
+//
+// It reports whether every item was settled.
+func (r *Relayer) settle(ctx context.Context, items []item) bool {
 	failures := 0
 	for len(items) > 0 && ctx.Err() == nil {
 		var park []item
@@ -418,10 +450,14 @@ func (r *Relayer) settle(ctx context.Context, items []item) {
 		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 		r.log.Warn("wal relay publish failed; retrying the unacknowledged events in order", "err", transient, "events", len(items), "attempt", failures, "retry_in", d.Round(time.Millisecond))
 		if !backoff.Sleep(ctx, d) {
-			return
+			return false
 		}
 	}
+	if len(items) > 0 {
+		return false
+	}
 	r.batches.Add(1)
+	return true
 }
 
 // mergeInOrder returns the items of a and b in their order in all.
