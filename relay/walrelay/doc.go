@@ -28,9 +28,13 @@
 // transactions are published again (at-least-once; consumers
 // deduplicate on event_id).
 //
-// A heartbeat (pg_logical_emit_message(false, 'outbox-heartbeat', ''))
-// every HeartbeatInterval moves the slot while the outbox is idle and other
-// tables write WAL; it is acknowledged once everything before it is.
+// A heartbeat, a non-transactional logical message written every
+// HeartbeatInterval,
+//
+//	SELECT pg_logical_emit_message(false, 'outbox-heartbeat', '')
+//
+// moves the slot while the outbox is idle and other tables write WAL; it
+// is acknowledged once everything before it is.
 // Keepalives do the same when nothing is unacknowledged.
 //
 // # Emit modes

@@ -33,9 +33,9 @@ type Relayer struct {
 	// heartbeat alone moves the slot.
 	keepaliveAdvance bool
 
-	leading                                                         atomic.Bool
+	leading                                                        atomic.Bool
 	published, parked, dropped, batches, heartbeats, failedBatches atomic.Int64
-	acked                                                           atomic.Uint64
+	acked                                                          atomic.Uint64
 	// oldestUnacked is the commit time (Unix ns) of the oldest transaction
 	// read and not yet acknowledged; 0 when none.
 	oldestUnacked atomic.Int64
