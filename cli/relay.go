@@ -22,6 +22,9 @@ type relayOptions struct {
 	pcfg    kafkapub.PublisherConfig
 	deliver time.Duration
 	ops     relayOps // metrics, health, watchdog, cleanup: relayops.go
+	// --mode wal: walrelay.go
+	mode string
+	wal  walOptions
 }
 
 func newRelayCmd(g *globals) *cobra.Command {
@@ -42,7 +45,14 @@ after a batch that found rows it claims again within --busy-poll-interval,
 which picks up the events committed between two notifications. While a
 full batch is being published the next one is claimed on a second
 connection. SIGINT/SIGTERM finish the batch in flight and
-exit 0. Database and broker outages are retried with backoff.`,
+exit 0. Database and broker outages are retried with backoff.
+
+--mode wal reads committed inserts from a logical replication slot instead
+(wal_level=logical; the role needs REPLICATION): no UPDATE per event, order
+by commit even for producers that take no lock. It creates the publication
+and the slot (--publication, --slot; default outbox_<table>) when missing;
+--teardown drops them and exits. Replicas elect one reader; the others take
+over within --leader-poll-interval of its death.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			return runRelay(c.Context(), g, &o)
@@ -69,6 +79,8 @@ exit 0. Database and broker outages are retried with backoff.`,
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
+	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot)")
+	o.wal.register(f)
 	return cmd
 }
 
@@ -84,6 +96,18 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	}
 	if err := o.check(); err != nil {
 		return err
+	}
+	switch o.mode {
+	case "poll":
+		if err := o.wal.onlyForWAL(); err != nil {
+			return err
+		}
+	case "wal":
+		if o.wal.teardown {
+			return runWALTeardown(ctx, g, o, log)
+		}
+	default:
+		return fmt.Errorf("--mode %q: use poll (the default) or wal", o.mode)
 	}
 	kcfg, err := o.kf.brokersConfig()
 	if err != nil {
@@ -111,6 +135,9 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	defer pool.Close()
 	if err := pingKafka(ctx, client, kcfg.Brokers); err != nil {
 		return err
+	}
+	if o.mode == "wal" {
+		return runWALRelay(ctx, o, pool, kafkapub.NewPublisher(client, o.pcfg), t, log)
 	}
 	o.cfg.Pool = pool
 	o.cfg.Publisher = kafkapub.NewPublisher(client, o.pcfg)

@@ -1,0 +1,94 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/pflag"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/walrelay"
+)
+
+// walOptions are the flags of `outbox relay --mode wal`.
+type walOptions struct {
+	slot, publication string
+	teardown          bool
+	cfg               walrelay.Config
+}
+
+func (w *walOptions) register(f *pflag.FlagSet) {
+	f.StringVar(&w.slot, "slot", "", "--mode wal: the logical replication slot to read (default outbox_<table>, outbox_<schema>_<table> outside public)")
+	f.StringVar(&w.publication, "publication", "", "--mode wal: the publication of the outbox's inserts (default: the slot's default name)")
+	f.BoolVar(&w.teardown, "teardown", false, "--mode wal: drop the slot and the publication, then exit (stop the relayers first)")
+	durationVar(f, &w.cfg.HeartbeatInterval, "heartbeat-interval", walrelay.DefaultHeartbeatInterval, "--mode wal: how often the leader writes a heartbeat message so the slot advances while the outbox is idle")
+	durationVar(f, &w.cfg.LeaderPollInterval, "leader-poll-interval", walrelay.DefaultLeaderPollInterval, "--mode wal: how often a standby tries to take over the slot")
+}
+
+// onlyForWAL refuses the WAL flags with --mode poll.
+func (w *walOptions) onlyForWAL() error {
+	if w.slot != "" || w.publication != "" || w.teardown {
+		return errors.New("--slot, --publication and --teardown belong to --mode wal; add --mode wal, or drop them")
+	}
+	return nil
+}
+
+func (w *walOptions) names(t outbox.Tables) (slot, publication string) {
+	slot, publication = w.slot, w.publication
+	if slot == "" {
+		slot = walrelay.DefaultName(t)
+	}
+	if publication == "" {
+		publication = walrelay.DefaultName(t)
+	}
+	return slot, publication
+}
+
+// runWALTeardown drops the slot and the publication.
+func runWALTeardown(ctx context.Context, g *globals, o *relayOptions, log *slog.Logger) error {
+	t, err := g.tables()
+	if err != nil {
+		return err
+	}
+	pool, err := g.connect(ctx, 1)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	slot, pub := o.wal.names(t)
+	if err := walrelay.Teardown(ctx, pool, slot, pub); err != nil {
+		return err
+	}
+	log.Info("dropped the replication slot and the publication", "slot", slot, "publication", pub)
+	return nil
+}
+
+// runWALRelay runs the WAL source until ctx is cancelled.
+func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, pub relay.Publisher, t outbox.Tables, log *slog.Logger) error {
+	if err := checkSchema(ctx, pool, t); err != nil {
+		return err
+	}
+	cfg := o.wal.cfg
+	cfg.Pool, cfg.Publisher, cfg.Tables, cfg.Logger = pool, pub, t, log
+	cfg.Slot, cfg.Publication = o.wal.names(t)
+	cfg.TopicPrefix = o.cfg.TopicPrefix
+	cfg.BatchSize = o.cfg.BatchSize
+	if cfg.HeartbeatInterval == 0 {
+		return errors.New("--heartbeat-interval 0: use a positive duration, or a negative one to turn heartbeats off")
+	}
+	r, err := walrelay.New(cfg)
+	if err != nil {
+		return err
+	}
+	if o.ops.httpAddr != "" {
+		log.Warn("--mode wal does not serve metrics, health, the watchdog or cleanup yet; read the slot's lag with walrelay.Lag (pg_replication_slots)")
+	}
+	if err := r.Run(ctx); err != nil {
+		return fmt.Errorf("relay --mode wal: %w", err)
+	}
+	return nil
+}
