@@ -22,6 +22,9 @@ type relayOptions struct {
 	pcfg    kafkapub.PublisherConfig
 	deliver time.Duration
 	ops     relayOps // metrics, health, watchdog, cleanup: relayops.go
+	// cleanupBatchFlag is --cleanup-batch-size as the user spelled it
+	// (--cleanup-batch, deprecated, still works), for its error.
+	cleanupBatchFlag string
 }
 
 func newRelayCmd(g *globals) *cobra.Command {
@@ -45,6 +48,7 @@ connection. SIGINT/SIGTERM finish the batch in flight and
 exit 0. Database and broker outages are retried with backoff.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			o.cleanupBatchFlag = flagAsGiven(c.Flags(), "cleanup-batch-size", "cleanup-batch")
 			return runRelay(c.Context(), g, &o)
 		},
 	}
@@ -143,7 +147,7 @@ func (o *relayOptions) check() error {
 		flag string
 		v    int
 	}{
-		{"--batch-size", o.cfg.BatchSize}, {"--max-batch-bytes", o.cfg.MaxBatchBytes}, {"--cleanup-batch", o.ops.cfg.Cleanup.BatchSize},
+		{"--batch-size", o.cfg.BatchSize}, {"--max-batch-bytes", o.cfg.MaxBatchBytes}, {o.cleanupBatchFlag, o.ops.cfg.Cleanup.BatchSize},
 	} {
 		if n.v < 1 {
 			return fmt.Errorf("%s %d: use a positive number", n.flag, n.v)
