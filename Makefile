@@ -10,10 +10,21 @@ help: ## list targets
 build: ## build the outbox binary into ./bin/outbox
 	$(GO) build -o bin/outbox ./cmd/outbox
 
-test: ## run every test with the race detector against the local Postgres (the README's test command)
+# The tests' Postgres: DATABASE_URL, else TEST_DATABASE_URL (internal/pgtest
+# has the same default). The database is created when it is missing; each
+# test works in a schema of its own and drops it.
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+# Say which server, without a password the URL may hold.
+SAY_TEST_DB = @echo "tests use $${DATABASE_URL:-$(TEST_DATABASE_URL)}" | sed -E 's|(://[^:@/]*):[^@/]*@|\1:***@|'
+
+test: export DATABASE_URL ?= $(TEST_DATABASE_URL)
+test: ## run every test with the race detector against DATABASE_URL (default: the local server's database "test", created when missing); the README's test command
+	$(SAY_TEST_DB)
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+test-short: export DATABASE_URL ?= $(TEST_DATABASE_URL)
 test-short: ## skip the slowest tests (million-row cleanup and long fault runs)
+	$(SAY_TEST_DB)
 	$(GO) test -race -count=1 -short ./...
 
 lint: ## gofmt, go vet and staticcheck

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/pgoutbox/outbox/internal/lockkey"
 	"github.com/pgoutbox/outbox/internal/sqltext"
@@ -69,6 +70,16 @@ type Config struct {
 	// follows, can wait for the relayer's poll interval. Defaults to 10ms;
 	// a negative value notifies on every Emit.
 	NotifyInterval time.Duration
+	// Propagator writes the trace context of the span in Emit's ctx into
+	// the event's headers (traceparent and tracestate with the default), so
+	// the relayer's publish span links to the emitting span and the
+	// consumer's span continues its trace. Only a ctx holding a valid span
+	// context is injected; a header the caller set is kept, and a caller
+	// that sets traceparent keeps the whole trace context its own. The
+	// injected headers count toward MaxRecordBytes. The relayer and
+	// consumers must use a propagator that reads what this one writes.
+	// Defaults to propagation.TraceContext{} (W3C Trace Context).
+	Propagator propagation.TextMapPropagator
 }
 
 // DefaultNotifyInterval is Config.NotifyInterval's default.
@@ -119,6 +130,9 @@ func NewProducer(cfg Config) (*Producer, error) {
 	case cfg.NotifyInterval < 0:
 		cfg.NotifyInterval = 0
 	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = defaultPropagator()
+	}
 	p := &Producer{
 		cfg:     cfg,
 		lockNS:  cfg.Tables.LockNamespace(),
@@ -156,8 +170,11 @@ func (p *Producer) Config() Config { return p.cfg }
 // pass the transaction that makes your business writes. It takes a pgx.Tx,
 // not a pool or connection, because an insert outside that transaction
 // would publish events for writes that may roll back.
+//
+// When ctx holds a span (OpenTelemetry), its trace context is added to the
+// event's headers (see Config.Propagator).
 func (p *Producer) Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
-	sql, args, err := p.prepareOne(ev)
+	sql, args, err := p.prepareOne(ctx, ev)
 	if err != nil {
 		return 0, err
 	}
@@ -189,8 +206,18 @@ type Queued struct {
 //	batch.Queue("INSERT INTO orders (id, customer) VALUES ($1, $2)", id, customer)
 //	ev, err := producer.QueueEmit(batch, outbox.Event{AggregateID: id, Type: "order.placed", Payload: order})
 //	err = tx.SendBatch(ctx, batch).Close() // ev.ID is set
+//
+// QueueEmit has no context, so it adds no trace context to the event; use
+// QueueEmitContext for that.
 func (p *Producer) QueueEmit(batch *pgx.Batch, ev Event) (*Queued, error) {
-	sql, args, err := p.prepareOne(ev)
+	return p.QueueEmitContext(context.Background(), batch, ev)
+}
+
+// QueueEmitContext is QueueEmit with the trace context of the span in ctx
+// added to the event's headers, as Emit adds it (Config.Propagator). ctx is
+// read for the span only: the insert runs when the batch is sent.
+func (p *Producer) QueueEmitContext(ctx context.Context, batch *pgx.Batch, ev Event) (*Queued, error) {
+	sql, args, err := p.prepareOne(ctx, ev)
 	if err != nil {
 		return nil, err
 	}
@@ -208,9 +235,11 @@ func (p *Producer) insertErr(err error) error {
 	return fmt.Errorf("outbox: insert into %s: %w", p.cfg.Tables.OutboxIdent(), err)
 }
 
-// prepareOne validates ev and picks the single-event statement and its
-// arguments (all text or scalar: they bind through database/sql too).
-func (p *Producer) prepareOne(ev Event) (string, []any, error) {
+// prepareOne adds ctx's trace context to ev's headers, validates ev and
+// picks the single-event statement and its arguments (all text or scalar:
+// they bind through database/sql too).
+func (p *Producer) prepareOne(ctx context.Context, ev Event) (string, []any, error) {
+	ev.Headers = withTrace(ev.Headers, p.traceHeaders(ctx))
 	payload, hdr, err := p.validate(ev)
 	if err != nil {
 		return "", nil, err
@@ -237,7 +266,7 @@ func b2i(b bool) int {
 // returns their ids, in input order. Every event is validated first: on a
 // validation error nothing is sent and tx is untouched.
 func (p *Producer) EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) ([]int64, error) {
-	sql, args, err := p.prepare(events, false)
+	sql, args, err := p.prepare(ctx, events, false)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +284,7 @@ func (p *Producer) EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) ([]
 // EmitSQL is Emit for a database/sql transaction (any Postgres driver):
 // the event exists iff tx commits.
 func (p *Producer) EmitSQL(ctx context.Context, tx *sql.Tx, ev Event) (int64, error) {
-	query, args, err := p.prepareOne(ev)
+	query, args, err := p.prepareOne(ctx, ev)
 	if err != nil {
 		return 0, err
 	}
@@ -271,7 +300,7 @@ func (p *Producer) EmitSQL(ctx context.Context, tx *sql.Tx, ev Event) (int64, er
 
 // EmitBatchSQL is EmitBatch for a database/sql transaction.
 func (p *Producer) EmitBatchSQL(ctx context.Context, tx *sql.Tx, events []Event) ([]int64, error) {
-	query, args, err := p.prepare(events, true)
+	query, args, err := p.prepare(ctx, events, true)
 	if err != nil {
 		return nil, err
 	}
@@ -314,19 +343,22 @@ func (p *Producer) orderIDs(ids []int64, n int) ([]int64, error) {
 	return ids, nil
 }
 
-// prepare validates events and builds the statement's arguments. With text
-// set, arrays are passed as Postgres array literals (for database/sql
-// drivers that cannot bind Go slices).
-func (p *Producer) prepare(events []Event, text bool) (string, []any, error) {
+// prepare adds ctx's trace context to every event's headers, validates
+// events and builds the statement's arguments. With text set, arrays are
+// passed as Postgres array literals (for database/sql drivers that cannot
+// bind Go slices).
+func (p *Producer) prepare(ctx context.Context, events []Event, text bool) (string, []any, error) {
 	if len(events) == 0 {
 		return "", nil, ErrEmptyBatch
 	}
+	tc := p.traceHeaders(ctx) // one span for the whole batch
 	aggs := make([]string, len(events))
 	types := make([]string, len(events))
 	payloads := make([]string, len(events))
 	headers := make([]string, len(events))
 	var keys []int32
 	for i, ev := range events {
+		ev.Headers = withTrace(ev.Headers, tc)
 		payload, hdr, err := p.validate(ev)
 		if err != nil {
 			if len(events) > 1 {
@@ -550,6 +582,12 @@ func Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
 // the default Config. See Producer.QueueEmit.
 func QueueEmit(batch *pgx.Batch, ev Event) (*Queued, error) {
 	return defaultProducer.QueueEmit(batch, ev)
+}
+
+// QueueEmitContext is QueueEmit with ctx's trace context added to the
+// event's headers. See Producer.QueueEmitContext.
+func QueueEmitContext(ctx context.Context, batch *pgx.Batch, ev Event) (*Queued, error) {
+	return defaultProducer.QueueEmitContext(ctx, batch, ev)
 }
 
 // EmitBatch writes events into public.events_outbox within tx, with the

@@ -12,12 +12,38 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtest"
 )
+
+// exampleDatabase is where the examples below run under go test: a
+// database of the example's own on the tests' server (DATABASE_URL,
+// default the local "test" database's server), with the outbox tables
+// migrated in its public schema, as `outbox migrate up` would, and an
+// orders table; drop drops it. Your code connects to its DATABASE_URL.
+func exampleDatabase() (url string, drop func()) {
+	ctx := context.Background()
+	url, drop, err := pgtest.ScratchDatabase(ctx, "outbox_example")
+	if err != nil {
+		panic(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		_, err = conn.Exec(ctx, "CREATE TABLE orders (id UUID PRIMARY KEY, total_cents BIGINT NOT NULL)")
+		_ = conn.Close(ctx)
+	}
+	if err != nil {
+		drop()
+		panic(err)
+	}
+	return url, drop
+}
 
 // Emit inside the transaction that makes the business write.
 func ExampleEmit() {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, "") // libpq defaults / PG* environment
+	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	defer drop()
+	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
 		fmt.Println("no database:", err)
 		return
@@ -25,9 +51,12 @@ func ExampleEmit() {
 	defer conn.Close(ctx)
 
 	orderID := uuid.New()
+	var eventID int64
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		// ... insert the order with tx ...
-		_, err := outbox.Emit(ctx, tx, outbox.Event{
+		if _, err := tx.Exec(ctx, "INSERT INTO orders (id, total_cents) VALUES ($1, $2)", orderID, 1999); err != nil {
+			return err
+		}
+		eventID, err = outbox.Emit(ctx, tx, outbox.Event{
 			AggregateID: orderID,
 			Type:        "order.placed",
 			Payload:     map[string]any{"order_id": orderID, "total_cents": 1999},
@@ -36,14 +65,19 @@ func ExampleEmit() {
 	})
 	if err != nil {
 		fmt.Println("order not placed:", err)
+		return
 	}
+	fmt.Println("order placed; event", eventID, "is in the outbox")
+	// Output: order placed; event 1 is in the outbox
 }
 
 // EmitBatch writes several events in one round trip, inside the same kind
 // of transaction: they all exist iff it commits.
 func ExampleEmitBatch() {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, "") // libpq defaults / PG* environment
+	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	defer drop()
+	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
 		fmt.Println("no database:", err)
 		return
@@ -51,25 +85,31 @@ func ExampleEmitBatch() {
 	defer conn.Close(ctx)
 
 	orderID := uuid.New()
+	var ids []int64
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		// ... insert the order and its lines with tx ...
-		ids, err := outbox.EmitBatch(ctx, tx, []outbox.Event{
+		var err error
+		ids, err = outbox.EmitBatch(ctx, tx, []outbox.Event{
 			{AggregateID: orderID, Type: "order.placed", Payload: map[string]any{"order_id": orderID}},
 			{AggregateID: orderID, Type: "order.paid", Payload: map[string]any{"order_id": orderID}},
 		})
-		_ = ids // in input order
 		return err
 	})
 	if err != nil {
 		fmt.Println("order not placed:", err)
+		return
 	}
+	fmt.Println("events", ids) // in input order
+	// Output: events [1 2]
 }
 
 // EmitSQL is Emit for a database/sql transaction (here through pgx's
 // stdlib driver, registered as "pgx"; lib/pq works the same way).
 func ExampleEmitSQL() {
 	ctx := context.Background()
-	db, err := sql.Open("pgx", "")
+	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	defer drop()
+	db, err := sql.Open("pgx", databaseURL)
 	if err != nil {
 		fmt.Println("no database:", err)
 		return
@@ -84,24 +124,33 @@ func ExampleEmitSQL() {
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 
 	orderID := uuid.New()
-	// ... insert the order with tx ...
-	if _, err := outbox.EmitSQL(ctx, tx, outbox.Event{
+	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, total_cents) VALUES ($1, $2)", orderID, 1999); err != nil {
+		fmt.Println("order not placed:", err)
+		return
+	}
+	eventID, err := outbox.EmitSQL(ctx, tx, outbox.Event{
 		AggregateID: orderID,
 		Type:        "order.placed",
 		Payload:     map[string]any{"order_id": orderID, "total_cents": 1999},
-	}); err != nil {
+	})
+	if err != nil {
 		fmt.Println("order not placed:", err)
 		return
 	}
 	if err := tx.Commit(); err != nil {
 		fmt.Println("order not placed:", err)
+		return
 	}
+	fmt.Println("order placed; event", eventID, "is in the outbox")
+	// Output: order placed; event 1 is in the outbox
 }
 
 // QueueEmit sends the event with the business write in one round trip.
 func ExampleQueueEmit() {
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, "") // libpq defaults / PG* environment
+	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	defer drop()
+	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
 		fmt.Println("no database:", err)
 		return
@@ -109,6 +158,7 @@ func ExampleQueueEmit() {
 	defer conn.Close(ctx)
 
 	orderID := uuid.New()
+	var eventID int64
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue("INSERT INTO orders (id, total_cents) VALUES ($1, $2)", orderID, 1999)
@@ -123,12 +173,15 @@ func ExampleQueueEmit() {
 		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 			return err
 		}
-		_ = ev.ID // set once the batch's results are read
+		eventID = ev.ID // set once the batch's results are read
 		return nil
 	})
 	if err != nil {
 		fmt.Println("order not placed:", err)
+		return
 	}
+	fmt.Println("order placed; event", eventID, "is in the outbox")
+	// Output: order placed; event 1 is in the outbox
 }
 
 // Validation errors are typed and say what to fix; nothing was written.

@@ -38,10 +38,13 @@ type Event struct {
 	// without its pair, and a number with more than 131072 digits before
 	// the decimal point or 16383 after once its exponent is applied.
 	Payload any
-	// Headers are extra Kafka headers (trace context, user metadata). The
-	// names the relayer sets (event_id, event_type, content-type and
-	// event_source; IsReservedHeader) are refused, as are names and values
-	// that are not valid UTF-8 or hold a NUL character (ErrInvalidHeaders).
+	// Headers are extra Kafka headers (trace context, user metadata). Emit
+	// adds the trace context of the span in its ctx (traceparent and
+	// tracestate, see Config.Propagator) to a copy, keeping what the caller
+	// set; Headers itself is not modified. The names the relayer sets
+	// (event_id, event_type, content-type and event_source;
+	// IsReservedHeader) are refused, as are names and values that are not
+	// valid UTF-8 or hold a NUL character (ErrInvalidHeaders).
 	Headers map[string]string
 }
 

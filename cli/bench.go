@@ -83,6 +83,14 @@ func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) err
 		return err
 	}
 	o.cfg.Progress = g.stderr
+	// Check the database before any scenario, with the connection errors
+	// and the "connected to Postgres" line every command gives; the
+	// scenarios then open their own pools.
+	pool, err := g.connect(ctx, 1)
+	if err != nil {
+		return err
+	}
+	pool.Close()
 	// The relayers' and consumers' info logs would drown the
 	// progress lines; ask for them with --log-level info.
 	if !c.Flags().Changed("log-level") {

@@ -18,7 +18,7 @@ func newCleanupCmd(g *globals) *cobra.Command {
 		Long: `cleanup deletes dispatched outbox rows older than --retention (by
 dispatched_at) and consumer dedupe rows older than --processed-retention (by
 processed_at). Pending rows are never deleted. It works in batches of at most
---batch rows, each its own short transaction, with --pause between them, so
+--batch-size rows, each its own short transaction, with --pause between them, so
 it never holds long locks nor one long transaction; interrupting it keeps
 what was deleted.
 
@@ -37,7 +37,7 @@ applied twice. 0 leaves processed_events alone.`,
 			case cfg.ProcessedRetention < 0:
 				return fmt.Errorf("--processed-retention %s: use a positive duration, e.g. 30d, or 0 to leave processed_events alone", formatDays(cfg.ProcessedRetention))
 			case cfg.BatchSize < 1 || cfg.BatchSize > 1_000_000:
-				return fmt.Errorf("--batch %d: use 1 to 1000000 rows per statement", cfg.BatchSize)
+				return fmt.Errorf("%s %d: use 1 to 1000000 rows per statement", flagAsGiven(c.Flags(), "batch-size", "batch"), cfg.BatchSize)
 			case cfg.Pause < 0:
 				return fmt.Errorf("--pause %s: use 0 or a positive duration", cfg.Pause)
 			}
@@ -84,7 +84,8 @@ applied twice. 0 leaves processed_events alone.`,
 	g.addDBFlags(f)
 	durationVar(f, &cfg.Retention, "retention", ops.DefaultRetention, "delete dispatched rows older than this")
 	durationVar(f, &cfg.ProcessedRetention, "processed-retention", ops.DefaultProcessedRetention, "delete processed_events rows older than this; longer than any redelivery window; 0 skips the table")
-	f.IntVar(&cfg.BatchSize, "batch", ops.DefaultCleanupBatch, "rows per delete statement (each its own transaction)")
+	f.IntVar(&cfg.BatchSize, "batch-size", ops.DefaultCleanupBatch, "rows per delete statement (each its own transaction)")
+	deprecatedAlias(f, "batch-size", "batch")
 	durationVar(f, &cfg.Pause, "pause", ops.DefaultCleanupPause, "pause between batches")
 	return cmd
 }

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/ops"
 )
 
 // defaultConsumeName is the group and the consumer name of `outbox consume`
@@ -25,33 +29,55 @@ const defaultConsumeName = "outbox-consume"
 
 // consumeOptions are the flags of `outbox consume`.
 type consumeOptions struct {
-	kf     kafkaFlags
-	cfg    consumer.Config
-	topics string
-	output string
+	kf       kafkaFlags
+	cfg      consumer.Config
+	topics   string
+	asJSON   bool
+	quiet    bool
+	output   string // deprecated --output json|none
+	httpAddr string
 }
 
 func newConsumeCmd(g *globals) *cobra.Command {
 	var o consumeOptions
 	cmd := &cobra.Command{
 		Use:   "consume",
-		Short: "Consume outbox events from Kafka once per consumer name, printing each as a JSON line",
+		Short: "Consume outbox events from Kafka once per consumer name, recording each as processed",
 		Long: `consume runs the idempotent Kafka group consumer (package consumer) on
---topics. Each event is recorded in the processed table under --name in the
-transaction that handles it, so it is handled once per name however often
-Kafka delivers it (relay retries, rebalances, restarts, a new --group).
-Handling prints the event as one JSON line on stdout:
+--topics, as the template of a consumer of your own or to check delivery end
+to end. It is a consumer, not a read-only viewer: it writes.
+
+  - Each event is recorded in the processed table (a dedupe row under
+    --name) in the transaction that handles it, so it is handled once per
+    name however often Kafka delivers it (relay retries, rebalances,
+    restarts, a new --group). Retention cleanup deletes those rows after
+    --processed-retention (30 days).
+  - It commits the group's offsets.
+  - A record it cannot handle (no event_id header, payload not JSON) is
+    dead-lettered: written to <topic>.dlq, a topic the broker creates if it
+    allows auto-creation.
+
+To watch a topic without writing anything, read it with kcat:
+
+  kcat -C -b 127.0.0.1:9092 -t order -f '%p %o %k %h %s\n'
+
+Each event handled is printed on stdout, one line per event:
+
+  event 42 order.placed aggregate=... topic=order partition=3 offset=17 payload={...}
+
+(a payload over 500 bytes is cut short; --json prints it whole). --json
+prints one JSON object per line instead:
 
   {"event_id":42,"source":"","type":"order.placed","aggregate_id":"...",
    "topic":"order","partition":3,"offset":17,"payload":{...}}
 
-Use it to watch a topic, to check delivery end to end, or as the template
-of a consumer of your own; --output none prints nothing (load tests).
+--quiet prints nothing (load tests). --http host:port serves /metrics
+(outbox_consumer_processed_total, _duplicates_total, _dead_letters_total,
+... labelled consumer=<name>) and /healthz.
 
 A line is written inside the transaction, before it commits: if the commit
 then fails (the database went away), the event comes again and is printed
-again. A new group starts at the topics' earliest offsets. Records that are
-not outbox events (no event_id header, payload not JSON) go to <topic>.dlq.
+again. A new group starts at the topics' earliest offsets.
 SIGINT/SIGTERM finish the transaction in flight, commit offsets, leave the
 group and exit 0.`,
 		Args: cobra.NoArgs,
@@ -69,7 +95,11 @@ group and exit 0.`,
 	// else pgx's default does.
 	f.IntVar(&o.cfg.BatchSize, "batch-size", 0, fmt.Sprintf("consecutive records of a partition handled in one transaction (0: the consumer's default, %d)", consumer.DefaultBatchSize))
 	f.IntVar(&o.cfg.Concurrency, "concurrency", 0, fmt.Sprintf("partitions handled at once, each in its own transactions (0: the consumer's default, %d)", consumer.DefaultConcurrency))
-	f.StringVar(&o.output, "output", "json", "json: one line per new event on stdout; none: print nothing")
+	f.BoolVar(&o.asJSON, "json", false, "print each event as one JSON line instead of a line of text")
+	f.BoolVar(&o.quiet, "quiet", false, "print nothing (load tests); events are still recorded as processed")
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics and /healthz on host:port (a bare :port binds 127.0.0.1); off when empty")
+	f.StringVar(&o.output, "output", "", "json: as --json; none: as --quiet")
+	_ = f.MarkDeprecated("output", "use --json or --quiet") // warned on stderr: NewRoot's warnOnStderr
 	return cmd
 }
 
@@ -90,9 +120,15 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	if o.cfg.Topics, err = parseTopics(o.topics); err != nil {
 		return err
 	}
-	p, err := newEventPrinter(out, o.output)
+	format, err := consumeFormat(o.asJSON, o.quiet, o.output)
 	if err != nil {
 		return err
+	}
+	p := &eventPrinter{w: out, format: format}
+	if o.httpAddr != "" {
+		if o.httpAddr, err = loopbackDefault(o.httpAddr); err != nil {
+			return err
+		}
 	}
 	o.cfg.Name, o.cfg.Group = consumeNames(o.cfg.Name, o.cfg.Group)
 	if o.cfg.Client, err = o.kf.brokersConfig(); err != nil {
@@ -133,6 +169,15 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	}
 	if err := checkSchema(ctx, pool, t); err != nil {
 		return err
+	}
+	if o.httpAddr != "" {
+		m := ops.NewConsumerMetrics(o.cfg.Name, cons.Stats)
+		_, stopHTTP, err := serveHTTP(o.httpAddr, m.Handler(), log, "/metrics /healthz")
+		if err != nil {
+			return err
+		}
+		// Deferred: /metrics answers until the consumer has stopped.
+		defer stopHTTP()
 	}
 
 	// A failed write stops the consumer rather than failing the
@@ -195,39 +240,67 @@ type consumedEvent struct {
 	Payload     json.RawMessage `json:"payload"`
 }
 
+// Output formats of `outbox consume`.
+const (
+	formatText  = "text"
+	formatJSON  = "json"
+	formatQuiet = "quiet"
+)
+
+// consumeFormat picks the output format from --json, --quiet and the
+// deprecated --output.
+func consumeFormat(asJSON, quiet bool, output string) (string, error) {
+	switch output {
+	case "":
+	case "json":
+		asJSON = true
+	case "none":
+		quiet = true
+	default:
+		return "", fmt.Errorf("--output %q: use --json (one JSON line per event) or --quiet (print nothing); --output is deprecated", output)
+	}
+	switch {
+	case asJSON && quiet:
+		return "", errors.New("--json and --quiet (or --output) contradict each other: pick one")
+	case asJSON:
+		return formatJSON, nil
+	case quiet:
+		return formatQuiet, nil
+	}
+	return formatText, nil
+}
+
+// maxTextPayload is how much of a payload a text line shows.
+const maxTextPayload = 500
+
 // eventPrinter is the handler of `outbox consume`: it writes each event as
-// a JSON line, one write at a time (handlers of different partitions run
+// a line, one write at a time (handlers of different partitions run
 // concurrently with --concurrency).
 type eventPrinter struct {
-	w            io.Writer // nil for --output none
+	w            io.Writer
+	format       string
 	onWriteError func()
 
 	mu       sync.Mutex
 	writeErr error
 }
 
-func newEventPrinter(w io.Writer, output string) (*eventPrinter, error) {
-	switch output {
-	case "json":
-		return &eventPrinter{w: w}, nil
-	case "none":
-		return &eventPrinter{}, nil
-	}
-	return nil, fmt.Errorf("--output %q: use json (one line per event on stdout) or none (print nothing)", output)
-}
-
 func (p *eventPrinter) handle(_ context.Context, _ pgx.Tx, ev consumer.Event) error {
-	if p.w == nil {
-		return nil
-	}
 	var line bytes.Buffer
-	enc := json.NewEncoder(&line)
-	enc.SetEscapeHTML(false) // print payloads as they are, '<' and '&' included
-	if err := enc.Encode(consumedEvent{
-		EventID: ev.ID, Source: ev.Source, Type: ev.Type, AggregateID: ev.AggregateID,
-		Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Payload: ev.Payload,
-	}); err != nil {
-		return consumer.Permanent(err) // the consumer has checked the payload is JSON: not reached
+	switch p.format {
+	case formatQuiet:
+		return nil
+	case formatJSON:
+		enc := json.NewEncoder(&line)
+		enc.SetEscapeHTML(false) // print payloads as they are, '<' and '&' included
+		if err := enc.Encode(consumedEvent{
+			EventID: ev.ID, Source: ev.Source, Type: ev.Type, AggregateID: ev.AggregateID,
+			Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Payload: ev.Payload,
+		}); err != nil {
+			return consumer.Permanent(err) // the consumer has checked the payload is JSON: not reached
+		}
+	default:
+		writeTextLine(&line, ev)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -242,6 +315,41 @@ func (p *eventPrinter) handle(_ context.Context, _ pgx.Tx, ev consumer.Event) er
 		return p.writeErr
 	}
 	return nil
+}
+
+// writeTextLine writes ev as one line of text: type and source are
+// quoted when they hold spaces or control characters, the payload is
+// compacted to one line and cut after maxTextPayload bytes.
+func writeTextLine(b *bytes.Buffer, ev consumer.Event) {
+	fmt.Fprintf(b, "event %d %s", ev.ID, textField(ev.Type))
+	if ev.Source != "" {
+		fmt.Fprintf(b, " source=%s", textField(ev.Source))
+	}
+	fmt.Fprintf(b, " aggregate=%s topic=%s partition=%d offset=%d payload=", ev.AggregateID, ev.Topic, ev.Partition, ev.Offset)
+	var payload bytes.Buffer
+	if err := json.Compact(&payload, ev.Payload); err != nil {
+		payload.Reset()
+		payload.WriteString(strconv.Quote(string(ev.Payload))) // the consumer has checked it is JSON: not reached
+	}
+	if payload.Len() <= maxTextPayload {
+		b.Write(payload.Bytes())
+	} else {
+		cut := maxTextPayload
+		for cut > 0 && !utf8.RuneStart(payload.Bytes()[cut]) {
+			cut--
+		}
+		b.Write(payload.Bytes()[:cut])
+		fmt.Fprintf(b, "... (%d bytes; --json prints it whole)", payload.Len())
+	}
+	b.WriteByte('\n')
+}
+
+// textField quotes s unless it is one plain word.
+func textField(s string) string {
+	if s == "" || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == '"' || r == 0x7f || !unicode.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 func (p *eventPrinter) err() error {

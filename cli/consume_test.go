@@ -6,16 +6,23 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 )
@@ -185,13 +192,34 @@ func TestConsumePrintsEachEventOncePerName(t *testing.T) {
 			require.True(t, bytes.HasPrefix(keys["payload"], []byte(w.payload[:1])), "payload is raw JSON, not a string: %s", line)
 		}
 	}
+	// The default: one line of text per event.
+	textLine := regexp.MustCompile(`^event (\d+) (\S+) source=shop aggregate=(\S+) topic=(\S+) partition=\d+ offset=\d+ payload=(.*)$`)
+	checkText := func(lines []string) {
+		t.Helper()
+		require.Len(t, lines, len(want), "one line per event:\n%s", strings.Join(lines, "\n"))
+		seen := map[int64]bool{}
+		for _, line := range lines {
+			m := textLine.FindStringSubmatch(line)
+			require.NotNil(t, m, "a text line: %q", line)
+			id, err := strconv.ParseInt(m[1], 10, 64)
+			require.NoError(t, err)
+			w, ok := want[id]
+			require.True(t, ok, "unexpected event %d: %s", id, line)
+			require.False(t, seen[id], "event %d printed twice", id)
+			seen[id] = true
+			require.Equal(t, w.typ, m[2])
+			require.Equal(t, w.agg.String(), m[3])
+			require.Equal(t, prefix+strings.SplitN(w.typ, ".", 2)[0], m[4])
+			require.JSONEq(t, w.payload, m[5])
+		}
+	}
 
-	first := consume("--name", "watcher")
+	first := consume("--name", "watcher", "--json")
 	require.Eventually(t, func() bool { return len(first.lines()) >= len(want) }, 30*time.Second, 20*time.Millisecond,
 		"consume printed %d of %d events", len(first.lines()), len(want))
 	require.Eventually(t, func() bool { return caughtUp(t, broker, "watcher", prefix+"order", prefix+"payment") }, 30*time.Second, 50*time.Millisecond)
 	require.NoError(t, first.stop(), "SIGTERM ends consume cleanly")
-	t.Logf("outbox consume --name watcher:\n%s", first.stdout.String())
+	t.Logf("outbox consume --name watcher --json:\n%s", first.stdout.String())
 	check(first.lines())
 	require.Contains(t, first.stdout.String(), `"note":"<b>&</b> ü"`, "payload printed as is, not HTML-escaped")
 	require.EqualValues(t, len(want), processedCount(t, db, "watcher"))
@@ -206,19 +234,85 @@ func TestConsumePrintsEachEventOncePerName(t *testing.T) {
 	require.Contains(t, again.stderr.String(), "processed=0 duplicates=5")
 	require.EqualValues(t, len(want), processedCount(t, db, "watcher"))
 
-	// Another name (its own group, by default) prints them all again.
+	// Another name (its own group, by default) prints them all again, as
+	// text by default.
 	other := consume("--name", "auditor", "--batch-size", "1", "--concurrency", "2")
 	require.Eventually(t, func() bool { return len(other.lines()) >= len(want) }, 30*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return caughtUp(t, broker, "auditor", prefix+"order", prefix+"payment") }, 30*time.Second, 50*time.Millisecond)
 	require.NoError(t, other.stop())
-	check(other.lines())
+	t.Logf("outbox consume --name auditor:\n%s", other.stdout.String())
+	checkText(other.lines())
 	require.EqualValues(t, len(want), processedCount(t, db, "auditor"))
 
-	// --output none prints nothing and still records the events.
-	quiet := consume("--name", "loadtest", "--output", "none")
+	// --quiet prints nothing and still records the events; --http serves
+	// the consumer's counters under its name.
+	quiet := consume("--name", "loadtest", "--quiet", "--http", "127.0.0.1:0")
 	require.Eventually(t, func() bool { return processedCount(t, db, "loadtest") == int64(len(want)) }, 30*time.Second, 50*time.Millisecond)
+	addr := servedAddr(t, quiet)
+	require.Equal(t, "ok\n", httpGet(t, "http://"+addr+"/healthz"))
+	require.Eventually(t, func() bool {
+		return strings.Contains(httpGet(t, "http://"+addr+"/metrics"), `outbox_consumer_processed_total{consumer="loadtest"} 5`+"\n")
+	}, 30*time.Second, 50*time.Millisecond)
+	metrics := httpGet(t, "http://"+addr+"/metrics")
+	for _, m := range []string{"records_total", "duplicates_total", "dead_letters_total", "malformed_total", "dead_letter_dropped_total", "retries_total"} {
+		require.Contains(t, metrics, "outbox_consumer_"+m+`{consumer="loadtest"} `)
+	}
 	require.NoError(t, quiet.stop())
 	require.Empty(t, quiet.stdout.String())
+
+	// The deprecated --output json still works, as --json, with a warning.
+	legacy := consume("--name", "legacy", "--output", "json")
+	require.Eventually(t, func() bool { return len(legacy.lines()) >= len(want) }, 30*time.Second, 20*time.Millisecond)
+	require.NoError(t, legacy.stop())
+	check(legacy.lines())
+	require.Contains(t, legacy.stderr.String(), "--output has been deprecated, use --json or --quiet")
+}
+
+// servedAddr is the address a command started with --http 127.0.0.1:0
+// logged it serves on.
+func servedAddr(t *testing.T, b *background) string {
+	t.Helper()
+	re := regexp.MustCompile(`msg="serving metrics and health checks" addr=(\S+)`)
+	var addr string
+	require.Eventually(t, func() bool {
+		m := re.FindStringSubmatch(b.stderr.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	}, 30*time.Second, 20*time.Millisecond, "no serving line in:\n%s", b.stderr.String())
+	return addr
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", url, body)
+	return string(body)
+}
+
+// A text line is one line whatever the payload: compacted, cut at 500
+// bytes on a rune boundary; odd types are quoted.
+func TestConsumeTextLine(t *testing.T) {
+	t.Parallel()
+	agg := uuid.New()
+	var b bytes.Buffer
+	writeTextLine(&b, consumer.Event{ID: 7, Type: "order.placed", AggregateID: agg, Topic: "order", Partition: 1, Offset: 2,
+		Payload: json.RawMessage("{\n  \"a\": 1\n}")})
+	require.Equal(t, "event 7 order.placed aggregate="+agg.String()+" topic=order partition=1 offset=2 payload={\"a\":1}\n", b.String())
+
+	b.Reset()
+	long := `"` + strings.Repeat("ü", 400) + `"`
+	writeTextLine(&b, consumer.Event{ID: 8, Type: "odd type\n", Source: "s", AggregateID: agg, Topic: "t", Payload: json.RawMessage(long)})
+	line := b.String()
+	require.Equal(t, 1, strings.Count(line, "\n"))
+	require.True(t, strings.HasPrefix(line, `event 8 "odd type\n" source=s `), line)
+	require.True(t, utf8.ValidString(line), line)
+	require.Contains(t, line, fmt.Sprintf("... (%d bytes; --json prints it whole)", len(long)))
 }
 
 // failWriter fails every write, as a full disk or a closed file would.
@@ -271,7 +365,10 @@ func TestConsumeRejectsBadFlags(t *testing.T) {
 	}{
 		{db, []string{"--brokers", broker.Addr()}, "no topics: pass --topics"},
 		{db, []string{"--brokers", broker.Addr(), "--topics", " , "}, "no topics: pass --topics"},
-		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--output", "xml"}, `--output "xml": use json (one line per event on stdout) or none`},
+		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--output", "xml"}, `--output "xml": use --json (one JSON line per event) or --quiet`},
+		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--json", "--quiet"}, "--json and --quiet (or --output) contradict each other"},
+		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--output", "none", "--json"}, "--json and --quiet (or --output) contradict each other"},
+		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--http", "9091"}, `--http "9091": write it as host:port`},
 		{db, []string{"--brokers", broker.Addr(), "--topics", "order,bad topic"}, `--topics holds topic "bad topic" with the character ' '`},
 		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--batch-size", "-1"}, "--batch-size (-1) and --concurrency (0): use a positive number"},
 		{db, []string{"--brokers", "", "--topics", "order"}, "no Kafka brokers: pass --brokers"},
@@ -281,10 +378,11 @@ func TestConsumeRejectsBadFlags(t *testing.T) {
 		require.Equal(t, 1, code, "consume %s: %s", strings.Join(tc.args, " "), stderr)
 		require.Contains(t, stderr, tc.want, "consume %s", strings.Join(tc.args, " "))
 		// The error is one line; a command that got as far as connecting
-		// has logged which database it connected to before it.
+		// has logged which database it connected to before it, and
+		// --output warns that it is deprecated.
 		var errLines []string
 		for l := range strings.SplitSeq(strings.TrimSpace(stderr), "\n") {
-			if !strings.Contains(l, `msg="connected to Postgres"`) {
+			if !strings.Contains(l, `msg="connected to Postgres"`) && !strings.HasPrefix(l, "Flag --output has been deprecated") {
 				errLines = append(errLines, l)
 			}
 		}
@@ -295,9 +393,11 @@ func TestConsumeRejectsBadFlags(t *testing.T) {
 
 	code, stdout, _ := runCLI(t, db, "consume", "--help")
 	require.Equal(t, 0, code)
-	for _, s := range []string{"--topics", "--group", "--name", "--output", "--batch-size", "--concurrency", "--brokers", "--sasl-mechanism", "SIGTERM"} {
+	for _, s := range []string{"--topics", "--group", "--name", "--json", "--quiet", "--http", "--batch-size", "--concurrency", "--brokers", "--sasl-mechanism", "SIGTERM",
+		"processed table", "<topic>.dlq", "not a read-only viewer", "kcat -C"} {
 		require.Contains(t, stdout, s)
 	}
+	require.NotContains(t, stdout, "--output", "deprecated, hidden")
 	var out bytes.Buffer
 	require.Equal(t, 0, Main([]string{"--help"}, &out, &out))
 	stdout = out.String()

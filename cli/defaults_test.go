@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,19 +56,20 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 		{"relay", "cleanup-interval", ops.DefaultCleanupInterval},
 		{"relay", "retention", ops.DefaultRetention},
 		{"relay", "processed-retention", ops.DefaultProcessedRetention},
-		{"relay", "cleanup-batch", ops.DefaultCleanupBatch},
+		{"relay", "cleanup-batch-size", ops.DefaultCleanupBatch},
 		{"relay", "cleanup-pause", ops.DefaultCleanupPause},
 		{"cleanup", "retention", ops.DefaultRetention},
 		{"cleanup", "processed-retention", ops.DefaultProcessedRetention},
-		{"cleanup", "batch", ops.DefaultCleanupBatch},
+		{"cleanup", "batch-size", ops.DefaultCleanupBatch},
 		{"cleanup", "pause", ops.DefaultCleanupPause},
 		{"watchdog", "stuck-after", ops.DefaultStuckAfter},
 		{"watchdog", "max-lag", ops.DefaultMaxLag},
 		{"watchdog", "limit", ops.DefaultStuckLimit},
 		{"stats", "stuck-after", ops.DefaultStuckAfter},
+		{"events replay", "batch-size", ops.DefaultReplayChunk},
 	}
 	for _, tc := range cases {
-		cmd, _, err := root.Find([]string{tc.cmd})
+		cmd, _, err := root.Find(strings.Fields(tc.cmd))
 		require.NoError(t, err)
 		f := cmd.Flags().Lookup(tc.flag)
 		require.NotNil(t, f, "%s --%s", tc.cmd, tc.flag)

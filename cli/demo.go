@@ -22,7 +22,9 @@ cluster) and an embedded Kafka-compatible broker (or --brokers): concurrent
 writers place orders, some roll back on a duplicate order id; two relayers
 publish; the loyalty consumer awards points idempotently; some events are
 forced out a second time. It prints a report and exits 1 if any invariant
-fails. It works in a schema of its own and drops it at the end.`,
+fails. It works in a schema of its own and drops it at the end; on a
+cluster given by --brokers it deletes the two topics it used too (their
+names start with the schema's). --keep keeps both.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg.DatabaseURL = g.databaseURL
@@ -32,6 +34,7 @@ fails. It works in a schema of its own and drops it at the end.`,
 			}
 			cfg.Out = g.stdout
 			cfg.Progress = true
+			cfg.OnConnect = g.logConnected
 			if g.logLevel != "info" {
 				log, err := g.logger()
 				if err != nil {
@@ -58,6 +61,6 @@ fails. It works in a schema of its own and drops it at the end.`,
 	f.IntVar(&cfg.DuplicateEvery, "duplicate-every", 10, "every Nth order reuses an order id and rolls back")
 	f.IntVar(&cfg.Redeliver, "redeliver", 40, "dispatched events to force out again")
 	durationVar(f, &cfg.Timeout, "timeout", 2*time.Minute, "give up after this long")
-	f.BoolVar(&cfg.KeepSchema, "keep", false, "keep the demo schema for inspection")
+	f.BoolVar(&cfg.KeepSchema, "keep", false, "keep the demo schema (and, with --brokers, the demo's topics) for inspection")
 	return cmd
 }

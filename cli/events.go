@@ -491,9 +491,9 @@ relayers publish them again: for a new consumer, or one that lost its
 data. Consumers deduplicate by event_id, so those that processed an event
 skip it.
 
-It works through the range in chunks of --chunk rows of the primary key,
-each its own short transaction that wakes the relayers, never one large
-update. Each replayed row keeps its created_at and gets requeued_at =
+It works through the range in batches of --batch-size rows of the primary
+key, each its own short transaction that wakes the relayers, never one
+large update. Each replayed row keeps its created_at and gets requeued_at =
 now(): the lag, the stuck-row watchdog and the commit-to-publish latency
 measure how long it has waited for the replay, not its age (and retention
 cleanup, which goes by created_at, is not held up); a failure record left from a
@@ -505,7 +505,7 @@ emitted while a replay runs can go out between two chunks.
 Without --yes, replay counts the rows it would replay and changes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return runEventsReplay(c.Context(), g, cfg, aggregate, yes)
+			return runEventsReplay(c.Context(), g, cfg, aggregate, yes, flagAsGiven(c.Flags(), "batch-size", "chunk"))
 		},
 	}
 	f := cmd.Flags()
@@ -513,21 +513,22 @@ Without --yes, replay counts the rows it would replay and changes nothing.`,
 	f.Int64Var(&cfg.ToID, "to-id", 0, "last id of the range, included (required)")
 	f.StringVar(&cfg.Type, "type", "", "replay only events of this type")
 	f.StringVar(&aggregate, "aggregate", "", "replay only events of this aggregate")
-	f.IntVar(&cfg.ChunkSize, "chunk", ops.DefaultReplayChunk, "rows of the primary key per transaction")
+	f.IntVar(&cfg.ChunkSize, "batch-size", ops.DefaultReplayChunk, "rows of the primary key per transaction")
+	deprecatedAlias(f, "batch-size", "chunk")
 	f.BoolVar(&yes, "yes", false, "replay them (without it: a dry run)")
 	return cmd
 }
 
 // runEventsReplay sets the dispatched events cfg selects back to pending;
 // without yes, it counts them.
-func runEventsReplay(ctx context.Context, g *globals, cfg ops.ReplayConfig, aggregate string, yes bool) error {
+func runEventsReplay(ctx context.Context, g *globals, cfg ops.ReplayConfig, aggregate string, yes bool, batchFlag string) error {
 	switch {
 	case cfg.FromID <= 0 || cfg.ToID <= 0:
 		return fmt.Errorf("replay needs a range: --from-id and --to-id, positive ids (both included)")
 	case cfg.FromID > cfg.ToID:
 		return fmt.Errorf("--from-id %d is above --to-id %d: the range is inverted", cfg.FromID, cfg.ToID)
 	case cfg.ChunkSize <= 0 || cfg.ChunkSize > 1_000_000:
-		return fmt.Errorf("--chunk %d: use 1 to 1000000 rows per transaction", cfg.ChunkSize)
+		return fmt.Errorf("%s %d: use 1 to 1000000 rows per transaction", batchFlag, cfg.ChunkSize)
 	}
 	var err error
 	if cfg.AggregateID, err = parseAggregate("--aggregate", aggregate); err != nil {

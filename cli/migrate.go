@@ -2,8 +2,10 @@ package cli
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/outbox/migrate"
@@ -124,6 +126,21 @@ func newMigrateDownCmd(g *globals) *cobra.Command {
 				fmt.Fprintf(g.stdout, "reverted version %d\n", v)
 			}
 			fmt.Fprintf(g.stdout, "at version %d\n", target)
+			if slices.Contains(reverted, 1) {
+				// Migration 1's down keeps a processed table that another
+				// outbox of the schema may share; say so, it is no error.
+				t, _ := g.tables()
+				var kept bool
+				err := pgx.BeginFunc(c.Context(), pool, func(tx pgx.Tx) error {
+					return tx.QueryRow(c.Context(), "SELECT to_regclass($1) IS NOT NULL", t.ProcessedIdent()).Scan(&kept)
+				})
+				if err != nil {
+					return err
+				}
+				if kept {
+					fmt.Fprintf(g.stdout, "kept %s: other outboxes of schema %s are migrated and may share it; drop it once no consumer uses it\n", t.ProcessedIdent(), t.Schema)
+				}
+			}
 			return nil
 		},
 	}

@@ -134,9 +134,13 @@ func TestWatchdogNamesPoisonRow(t *testing.T) {
 	for i := range 20 {
 		emit(t, db, uuid.New(), "order.placed", map[string]int{"n": i})
 	}
+	// A row written by plain INSERT before migration 6, whose guard now
+	// refuses it.
 	var poison int64
-	require.NoError(t, db.Pool.QueryRow(context.Background(), "INSERT INTO "+db.Tables.OutboxIdent()+
-		` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '{}', '{"retries": 3}') RETURNING id`, poisoned).Scan(&poison))
+	db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "INSERT INTO "+db.Tables.OutboxIdent()+
+			` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '{}', '{"retries": 3}') RETURNING id`, poisoned).Scan(&poison)
+	})
 	follower := emit(t, db, poisoned, "order.paid", map[string]int{"n": 1})
 	for i := range 20 {
 		emit(t, db, uuid.New(), "payment.captured", map[string]int{"n": i})

@@ -25,6 +25,9 @@ type relayOptions struct {
 	// --mode wal: walrelay.go
 	mode string
 	wal  walOptions
+	// cleanupBatchFlag is --cleanup-batch-size as the user spelled it
+	// (--cleanup-batch, deprecated, still works), for its error.
+	cleanupBatchFlag string
 }
 
 func newRelayCmd(g *globals) *cobra.Command {
@@ -55,6 +58,7 @@ and the slot (--publication, --slot; default outbox_<table>) when missing;
 over within --leader-poll-interval of its death.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			o.cleanupBatchFlag = flagAsGiven(c.Flags(), "cleanup-batch-size", "cleanup-batch")
 			return runRelay(c.Context(), g, &o)
 		},
 	}
@@ -79,7 +83,7 @@ over within --leader-poll-interval of its death.`,
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
-	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot)")
+	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see the README)")
 	o.wal.register(f)
 	return cmd
 }
@@ -170,7 +174,7 @@ func (o *relayOptions) check() error {
 		flag string
 		v    int
 	}{
-		{"--batch-size", o.cfg.BatchSize}, {"--max-batch-bytes", o.cfg.MaxBatchBytes}, {"--cleanup-batch", o.ops.cfg.Cleanup.BatchSize},
+		{"--batch-size", o.cfg.BatchSize}, {"--max-batch-bytes", o.cfg.MaxBatchBytes}, {o.cleanupBatchFlag, o.ops.cfg.Cleanup.BatchSize},
 	} {
 		if n.v < 1 {
 			return fmt.Errorf("%s %d: use a positive number", n.flag, n.v)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -41,7 +42,8 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 	durationVar(f, &o.cleanupInterval, "cleanup-interval", ops.DefaultCleanupInterval, "how often retention cleanup runs (one replica at a time); 0 disables it")
 	durationVar(f, &o.cfg.Cleanup.Retention, "retention", ops.DefaultRetention, "cleanup deletes dispatched rows older than this")
 	durationVar(f, &o.processedRetention, "processed-retention", ops.DefaultProcessedRetention, "cleanup deletes processed_events rows older than this (longer than any redelivery window); 0 leaves the table alone")
-	f.IntVar(&o.cfg.Cleanup.BatchSize, "cleanup-batch", ops.DefaultCleanupBatch, "rows per cleanup delete statement")
+	f.IntVar(&o.cfg.Cleanup.BatchSize, "cleanup-batch-size", ops.DefaultCleanupBatch, "rows per cleanup delete statement (as 'outbox cleanup --batch-size')")
+	deprecatedAlias(f, "cleanup-batch-size", "cleanup-batch")
 	durationVar(f, &o.cfg.Cleanup.Pause, "cleanup-pause", ops.DefaultCleanupPause, "pause between cleanup batches")
 }
 
@@ -91,37 +93,47 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 // start starts the periodic jobs and, with --http, the HTTP server. stop ends them; call it after the relayer stopped, so
 // that /metrics answers until the end.
 func (o *relayOps) start(ctx context.Context, r *relay.Relayer) (stop func(), err error) {
-	var srv *http.Server
-	var ln net.Listener
-	if o.httpAddr != "" {
-		ln, err = net.Listen("tcp", o.httpAddr)
-		if err != nil {
-			return nil, fmt.Errorf("cannot serve --http on %s: %w (is another process using the port? pick another)", o.httpAddr, err)
-		}
-		o.addr = ln.Addr()
-		srv = &http.Server{Handler: o.mon.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	}
 	log := r.Config().Logger
-
+	stopHTTP := func() {}
+	if o.httpAddr != "" {
+		o.addr, stopHTTP, err = serveHTTP(o.httpAddr, o.mon.Handler(), log, "/metrics /healthz /readyz")
+		if err != nil {
+			return nil, err
+		}
+	}
 	jobs, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { o.mon.Run(jobs) })
-	if srv != nil {
-		wg.Go(func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics and health server stopped", "err", err)
-			}
-		})
-		log.Info("serving metrics and health checks", "addr", o.addr.String(), "paths", "/metrics /healthz /readyz")
-	}
 	return func() {
 		cancel()
-		if srv != nil {
-			sctx, done := context.WithTimeout(context.Background(), 5*time.Second)
-			defer done()
-			_ = srv.Shutdown(sctx)
-		}
+		stopHTTP()
 		wg.Wait()
+	}, nil
+}
+
+// serveHTTP serves h on addr (checked by loopbackDefault) for --http of
+// relay and consume, and logs where; paths lists what h serves, for that
+// log line. stop shuts the server down, waiting up to 5s for requests in
+// flight.
+func serveHTTP(addr string, h http.Handler, log *slog.Logger, paths string) (bound net.Addr, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot serve --http on %s: %w (is another process using the port? pick another)", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics and health server stopped", "err", err)
+		}
+	}()
+	log.Info("serving metrics and health checks", "addr", ln.Addr().String(), "paths", paths)
+	return ln.Addr(), func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-done
 	}, nil
 }
 

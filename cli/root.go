@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -102,8 +103,13 @@ Configuration comes from flags, with environment fallbacks:
 			}
 			// Every command checks the logging flags, whether or not it
 			// logs, so a typo is an error and not a silent default.
-			_, err := g.logger()
-			return err
+			log, err := g.logger()
+			if err != nil {
+				return err
+			}
+			// OTLP trace export when OTEL_EXPORTER_OTLP_* ask for it
+			// (tracing.go); flushed when the command's run returns.
+			return startTracing(c, log)
 		},
 	}
 	root.SetOut(stdout)
@@ -127,6 +133,7 @@ Configuration comes from flags, with environment fallbacks:
 		newCleanupCmd(g),
 		newBenchCmd(g),
 	)
+	warnOnStderr(root, stderr)
 	return root
 }
 
@@ -166,12 +173,11 @@ func (g *globals) logger() (*slog.Logger, error) {
 	if err := lvl.UnmarshalText([]byte(g.logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", g.logLevel)
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
 	switch g.logFormat {
 	case "text":
-		return slog.New(slog.NewTextHandler(g.stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: lvl, ReplaceAttr: readableText})), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(g.stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(g.stderr, &slog.HandlerOptions{Level: lvl, ReplaceAttr: durationStrings})), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: use text or json", g.logFormat)
 }
@@ -186,25 +192,27 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
-	where := fmt.Sprintf("%s:%d/%s as %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, cfg.ConnConfig.User)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to Postgres at %s: %s; is it running? set --database-url or DATABASE_URL", where, redactErr(err))
+		return nil, connectError(err, &cfg.ConnConfig.Config)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach Postgres at %s: %s; is it running? set --database-url or DATABASE_URL", where, redactErr(err))
+		return nil, connectError(err, &cfg.ConnConfig.Config)
 	}
-	// Say once which database the command works on: DATABASE_URL or
-	// libpq's defaults may not be what the operator thinks. The logging
-	// flags were checked before any command ran. Never the password.
+	g.logConnected(&cfg.ConnConfig.Config)
+	return pool, nil
+}
+
+// logConnected says once which database a command works on: DATABASE_URL
+// or libpq's defaults may not be what the operator thinks. The logging
+// flags were checked before any command ran. Never the password.
+func (g *globals) logConnected(c *pgconn.Config) {
 	if log, err := g.logger(); err == nil {
-		c := cfg.ConnConfig
 		log.Info("connected to Postgres", "host", c.Host, "port", c.Port, "database", c.Database, "user", c.User)
 	}
-	return pool, nil
 }
 
 // redactErr keeps passwords that a driver error may quote out of output.

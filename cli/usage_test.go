@@ -74,7 +74,7 @@ func TestZeroCountsAndBadLogFlagsAreRefused(t *testing.T) {
 	}{
 		{[]string{"relay", "--brokers", "127.0.0.1:1", "--batch-size", "0"}, "--batch-size 0: use a positive number"},
 		{[]string{"relay", "--brokers", "127.0.0.1:1", "--max-batch-bytes", "0"}, "--max-batch-bytes 0: use a positive number"},
-		{[]string{"relay", "--brokers", "127.0.0.1:1", "--cleanup-batch", "0"}, "--cleanup-batch 0: use a positive number"},
+		{[]string{"relay", "--brokers", "127.0.0.1:1", "--cleanup-batch-size", "0"}, "--cleanup-batch-size 0: use a positive number"},
 		{[]string{"relay", "--brokers", "127.0.0.1:1", "--poll-interval", "0"}, "--poll-interval 0s: use a positive duration"},
 		{[]string{"consume", "--brokers", "127.0.0.1:1", "--topics", "x", "--concurrency", "-1"}, "use a positive number, or 0 for the consumer's default"},
 		{[]string{"dev-kafka", "--partitions", "0"}, "--partitions 0: use a positive number"},

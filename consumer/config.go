@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/kafka"
@@ -100,6 +103,17 @@ type Config struct {
 	// Called from the consumer's goroutines, one call at a time. Defaults
 	// to nil.
 	BeforeCommit func(offsets map[string]map[int32]int64) error
+	// TracerProvider makes the consumer's spans: every handler call runs
+	// in a "process <topic>" span (kind consumer, OpenTelemetry messaging
+	// conventions) whose parent is the trace context the record carries,
+	// so the span Emit ran in and the handler's span are one trace; the
+	// handler's ctx holds it, and a handler error is recorded on it.
+	// Defaults to otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context from the record's headers; it
+	// must read what the producers' outbox.Config.Propagator writes.
+	// Defaults to propagation.TraceContext{} (W3C Trace Context).
+	Propagator propagation.TextMapPropagator
 }
 
 // applyDefaults validates cfg and applies its defaults, Tables excepted (the
@@ -127,6 +141,12 @@ func (cfg *Config) applyDefaults() (map[string]string, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagation.TraceContext{}
 	}
 	return dlq, nil
 }

@@ -1,13 +1,11 @@
 package consumer
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -50,6 +48,7 @@ type Consumer struct {
 	handlers map[string]Handler
 	dflt     Handler
 	dlq      map[string]string
+	tracing  tracing
 
 	started atomic.Bool
 	client  *kgo.Client
@@ -83,6 +82,7 @@ func New(cfg Config) (*Consumer, error) {
 		dlq:         dlq,
 		hurry:       make(chan struct{}, 1),
 		uncommitted: map[string]map[int32]*kgo.Record{},
+		tracing:     tracing{tracer: cfg.TracerProvider.Tracer(tracerName), prop: cfg.Propagator, group: cfg.Group},
 	}
 	for typ, h := range cfg.Handlers {
 		c.handlers[typ] = Chain(h, cfg.Middleware...)
@@ -153,14 +153,6 @@ func (c *Consumer) Stats() Stats {
 func (c *Consumer) Processor() *Processor { return c.proc }
 
 func (c *Consumer) pool() *pgxpool.Pool { return c.cfg.Pool }
-
-// dispatch routes an event to its handler. decode has made sure one exists.
-func (c *Consumer) dispatch(ctx context.Context, tx pgx.Tx, ev Event) error {
-	if h, ok := c.handlers[ev.Type]; ok {
-		return h(ctx, tx, ev)
-	}
-	return c.dflt(ctx, tx, ev)
-}
 
 func (c *Consumer) decode(r *kgo.Record) item {
 	ev, bad := decode(r)

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log"
 	"os"
 	"os/signal"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
@@ -24,6 +26,11 @@ type OrderPlaced struct {
 
 // A loyalty service: order.placed events from Kafka award points, once per
 // order however often Kafka delivers the event.
+//
+// It has no Output, so go test compiles it and does not run it: it runs
+// until SIGTERM, against a broker at localhost:9092. `go run
+// ./examples/orders` runs the same consumer end to end (embedded broker,
+// relayer, orders) and its test checks what it prints.
 func ExampleNew() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -60,7 +67,9 @@ ON CONFLICT (customer_id) DO UPDATE SET points = loyalty_points.points + EXCLUDE
 // deduplicated under the same consumer name.
 func ExampleProcessor_Process() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	defer drop()
+	pool, err := pgxpool.New(ctx, databaseURL)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -69,14 +78,51 @@ func ExampleProcessor_Process() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	body, _ := json.Marshal(OrderPlaced{OrderID: uuid.New(), CustomerID: uuid.New(), TotalCents: 1250})
-	ev := consumer.Event{ID: 42, Source: "shop-eu", Type: "order.placed", Payload: body}
-	out, err := p.Process(ctx, ev, func(ctx context.Context, tx pgx.Tx, ev consumer.Event) error {
-		_, err := tx.Exec(ctx, "UPDATE loyalty_points SET points = points + 12 WHERE customer_id = $1", uuid.Nil)
+	award := consumer.Typed(func(ctx context.Context, tx pgx.Tx, ev consumer.Event, o OrderPlaced) error {
+		_, err := tx.Exec(ctx, `INSERT INTO loyalty_points (customer_id, points) VALUES ($1, $2)
+ON CONFLICT (customer_id) DO UPDATE SET points = loyalty_points.points + EXCLUDED.points`, o.CustomerID, o.TotalCents/100)
 		return err
 	})
+	customer := uuid.New()
+	body, _ := json.Marshal(OrderPlaced{OrderID: uuid.New(), CustomerID: customer, TotalCents: 1250})
+	ev := consumer.Event{ID: 42, Source: "shop-eu", Type: "order.placed", Payload: body}
+	for range 2 { // the webhook is called twice with the same event
+		out, err := p.Process(ctx, ev, award)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(out)
+	}
+	var points int64
+	if err := pool.QueryRow(ctx, "SELECT points FROM loyalty_points WHERE customer_id = $1", customer).Scan(&points); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("points:", points)
+	// Output:
+	// processed
+	// duplicate
+	// points: 12
+}
+
+// exampleDatabase is where the examples run under go test: a database of
+// the example's own on the tests' server (DATABASE_URL, default the local
+// "test" database's server), with the outbox tables migrated in its public
+// schema, as `outbox migrate up` would, and a loyalty_points table; drop
+// drops it. Your code connects to its DATABASE_URL.
+func exampleDatabase() (url string, drop func()) {
+	ctx := context.Background()
+	url, drop, err := pgtest.ScratchDatabase(ctx, "consumer_example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	log.Println(out) // "processed" the first time, "duplicate" after
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		_, err = conn.Exec(ctx, "CREATE TABLE loyalty_points (customer_id UUID PRIMARY KEY, points BIGINT NOT NULL)")
+		_ = conn.Close(ctx)
+	}
+	if err != nil {
+		drop()
+		log.Fatal(err)
+	}
+	return url, drop
 }

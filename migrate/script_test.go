@@ -43,7 +43,11 @@ func TestScriptsAppliedByAnotherToolAgreeWithTheMigrator(t *testing.T) {
 	// An upgrade from a version the migrator left.
 	reverted, err := m.Down(ctx, db.Pool, 2)
 	require.NoError(t, err)
-	require.Equal(t, []int{5, 4, 3}, reverted)
+	var want []int
+	for v := m.Latest(); v > 2; v-- {
+		want = append(want, v)
+	}
+	require.Equal(t, want, reverted)
 	var upgrade strings.Builder
 	require.NoError(t, m.UpScript(&upgrade, 2))
 	require.NotContains(t, upgrade.String(), "migration 2:")

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
@@ -81,6 +83,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	require.Equal(t, 30*time.Minute, cfg.MaxHoldOut)
 	require.Equal(t, outbox.Tables{}.WithDefaults(), cfg.Tables)
 	require.NotNil(t, cfg.Logger)
+	require.Equal(t, otel.GetTracerProvider(), cfg.TracerProvider)
+	require.Equal(t, propagation.TraceContext{}, cfg.Propagator)
 
 	off := good()
 	off.BusyPollInterval = -time.Second

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
@@ -23,7 +26,10 @@ import (
 // The whole publish path against rows of any shape, written by plain SQL
 // as any producer may: types with any characters, JSONB headers and
 // payloads of any shape, sizes from nothing to 2 MB, aggregates that
-// collide, mixed with healthy rows; three relayers; a broker that takes
+// collide, mixed with healthy rows. The insert guard (migration 6) must
+// refuse exactly the rows guardOracle says it refuses; those are then
+// written as rows from before the migration, so the relayer meets them
+// all; three relayers; a broker that takes
 // 100,000 bytes. An oracle written from the wire contract (not from the
 // relayer's code) says which rows can be published. Then, within a bounded
 // time:
@@ -66,15 +72,32 @@ func TestPublishPathProperty(t *testing.T) {
 		reason  string // why it cannot be published; "" when it can
 	}
 	var all []*row
+	refused := map[string]int{}
+	const insert = `INSERT INTO {{outbox}} (aggregate_id, type, payload, headers) VALUES ($1, $2, $3::jsonb, NULLIF($4, '')::jsonb) RETURNING id, payload::text`
+	stmt := strings.ReplaceAll(insert, "{{outbox}}", b.db.Tables.OutboxIdent())
 	for range rows {
 		r := &row{agg: aggs[rnd.IntN(len(aggs))], typ: randomType(rnd)}
 		payload, headers := randomPayload(rnd), randomHeaders(rnd)
-		require.NoError(t, b.db.Pool.QueryRow(ctx, `INSERT INTO `+b.db.Tables.OutboxIdent()+
-			` (aggregate_id, type, payload, headers) VALUES ($1, $2, $3::jsonb, NULLIF($4, '')::jsonb) RETURNING id, payload::text`,
-			r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload), "type %q payload %.100s headers %.100s", r.typ, payload, headers)
+		err := b.db.Pool.QueryRow(ctx, stmt, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
+		// The insert guard (migration 6) refuses what it can see cannot
+		// be published; such a row is then written as one from before the
+		// migration, which the relayer must still hold.
+		if rule := guardOracle(r.typ, headers); rule != "" {
+			var pgErr *pgconn.PgError
+			require.True(t, errors.As(err, &pgErr), "type %q headers %.100s: the guard should refuse it (%s): %v", r.typ, headers, rule, err)
+			require.Equal(t, "23514", pgErr.Code)
+			require.Equal(t, b.db.Tables.Outbox+"_"+rule, pgErr.ConstraintName, "type %q headers %.100s", r.typ, headers)
+			refused[rule]++
+			b.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+				return tx.QueryRow(ctx, stmt, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
+			})
+		} else {
+			require.NoError(t, err, "type %q payload %.100s headers %.100s", r.typ, payload, headers)
+		}
 		r.reason = oracle(r.id, r.typ, r.payload, headers, limit)
 		all = append(all, r)
 	}
+	t.Logf("refused at insert, then written as rows from before migration 6: %v", refused)
 
 	for range 3 {
 		run(t, b.relayer(t, func(c *relay.Config) { c.HoldOut = time.Second; c.BatchSize = 50 + rnd.IntN(200) }))
@@ -200,6 +223,32 @@ func oracle(id int64, typ, payload, headers string, limit int) string {
 	}
 	if outbox.RecordSize(id, typ, len(payload), h, "") > limit {
 		return relay.ReasonTooLarge
+	}
+	return ""
+}
+
+// guardOracle says which rule of the insert guard (migration 6) refuses a
+// plain INSERT of the row, or "": from the contract, in the guard's order
+// (the type, then the headers). The type's topic must be valid with no
+// prefix; the headers SQL NULL, JSON null, or an object of string values
+// whose names are neither empty nor reserved. Stricter than the relayer's
+// decoding, which reads a JSON null value as "" and takes an empty name.
+func guardOracle(typ, headers string) string {
+	if _, err := outbox.Topic("", typ); err != nil {
+		return "type_topic"
+	}
+	if headers == "" || headers == "null" {
+		return ""
+	}
+	var raw map[string]json.RawMessage
+	if json.Unmarshal([]byte(headers), &raw) != nil {
+		return "headers_shape"
+	}
+	for k, v := range raw {
+		var s string
+		if k == "" || outbox.IsReservedHeader(k) || len(v) == 0 || v[0] != '"' || json.Unmarshal(v, &s) != nil {
+			return "headers_shape"
+		}
 	}
 	return ""
 }

@@ -26,6 +26,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -129,6 +132,19 @@ type Config struct {
 	// batch at a time, in order, after Hooks: a BatchHook as a function.
 	// Keep it fast. Defaults to nil.
 	OnBatch func(BatchResult)
+	// TracerProvider makes the relayer's spans: one "send <topic>" span
+	// (kind producer, OpenTelemetry messaging conventions) per batch
+	// published, linked to the span each event was emitted in. With a
+	// provider that does not record (the default until an SDK is
+	// installed) a batch costs one span start and nothing per row.
+	// Defaults to otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context Emit wrote into each row's
+	// headers, for the publish span's links; it must read what the
+	// producers' outbox.Config.Propagator writes. The headers themselves
+	// are published unchanged. Defaults to propagation.TraceContext{}
+	// (W3C Trace Context).
+	Propagator propagation.TextMapPropagator
 }
 
 // BatchResult describes one claim-publish-mark cycle.
@@ -186,6 +202,7 @@ type Relayer struct {
 	unmarkSQL string
 	holdSQL   string
 	hooks     hooks
+	tracing   tracing
 	wake      chan struct{}
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
@@ -255,6 +272,12 @@ func New(cfg Config) (*Relayer, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = propagation.TraceContext{}
+	}
 	h, err := newHooks(cfg)
 	if err != nil {
 		return nil, err
@@ -262,6 +285,7 @@ func New(cfg Config) (*Relayer, error) {
 	return &Relayer{
 		cfg:       cfg,
 		hooks:     h,
+		tracing:   newTracing(cfg),
 		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
 		claimSQL:  render(claimSQL, cfg.Tables),
 		unmarkSQL: render(unmarkSQL, cfg.Tables),
@@ -565,10 +589,14 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 	if len(send) == 0 {
 		return errs, nil
 	}
-	perr := r.cfg.Publisher.Publish(ctx, send)
+	pctx, endSpan := r.tracing.startPublish(ctx, send)
+	perr := r.cfg.Publisher.Publish(pctx, send)
 	if len(perr) != len(send) {
-		return nil, fmt.Errorf("publisher returned %d results for %d messages", len(perr), len(send))
+		err := fmt.Errorf("publisher returned %d results for %d messages", len(perr), len(send))
+		endSpan(nil, err)
+		return nil, err
 	}
+	endSpan(perr, nil)
 	for j, i := range sendIdx {
 		errs[i] = perr[j]
 	}

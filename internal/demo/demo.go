@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -31,7 +32,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/devkafka"
-	"github.com/pgoutbox/outbox/examples/orders"
+	"github.com/pgoutbox/outbox/examples/orders/shop"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/tmppg"
 	"github.com/pgoutbox/outbox/kafka"
@@ -61,7 +62,10 @@ type Config struct {
 	Redeliver int
 	// Timeout bounds the whole run. Defaults to 2m.
 	Timeout time.Duration
-	// KeepSchema leaves the demo schema in place for inspection.
+	// KeepSchema leaves the demo schema in place for inspection, and, on
+	// an external cluster (Brokers), the demo's topics too. Without it the
+	// run deletes the topics it used: their names carry the schema's, so
+	// every run would leave two more.
 	KeepSchema bool
 	// Out receives the progress line and the report. Defaults to io.Discard.
 	Out io.Writer
@@ -69,6 +73,10 @@ type Config struct {
 	Progress bool
 	// Logger for the relayers and the consumer. Defaults to warnings only.
 	Logger *slog.Logger
+	// OnConnect, when set, is called with the connection settings of the
+	// server the demo works on, once it answered (the configured one, or
+	// the throwaway cluster): the CLI logs which database it used.
+	OnConnect func(*pgconn.Config)
 }
 
 // Report is what a run found.
@@ -80,7 +88,7 @@ type Report struct {
 	Published                                int64 // acknowledged by the broker, redeliveries included
 	Consumed, DuplicatesSkipped, DeadLetters int64
 	Redelivered                              int64
-	Points                                   orders.Points
+	Points                                   shop.Points
 	LagP50, LagP99, LagMax                   time.Duration
 	Elapsed                                  time.Duration
 	// Failures lists broken invariants; empty means the run passed.
@@ -164,7 +172,7 @@ func (d *demo) cleanUp() {
 func (d *demo) openDatabase(ctx context.Context) error {
 	cfg, out := d.cfg, d.out
 	url := cfg.DatabaseURL
-	admin, where, err := connect(ctx, url)
+	admin, where, err := connect(ctx, url, cfg.OnConnect)
 	if err != nil {
 		if cfg.NoThrowaway || !tmppg.Available() {
 			return fmt.Errorf("%w; start Postgres or set DATABASE_URL (or install initdb/pg_ctl so the demo can start its own)", err)
@@ -180,7 +188,7 @@ func (d *demo) openDatabase(ctx context.Context) error {
 			}
 		})
 		url = cluster.URL()
-		if admin, where, err = connect(ctx, url); err != nil {
+		if admin, where, err = connect(ctx, url, cfg.OnConnect); err != nil {
 			return err
 		}
 	}
@@ -229,14 +237,15 @@ func (d *demo) createSchema(ctx context.Context) error {
 	if _, err := m.Up(ctx, pool); err != nil {
 		return err
 	}
-	return orders.Migrate(ctx, pool)
+	return shop.Migrate(ctx, pool)
 }
 
 // openKafka connects to the configured cluster, else starts an in-process
 // dev broker, and creates the topics.
 func (d *demo) openKafka(ctx context.Context) error {
 	kcfg := d.cfg.Brokers
-	if len(kcfg.Brokers) == 0 {
+	external := len(kcfg.Brokers) > 0
+	if !external {
 		b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 		if err != nil {
 			return err
@@ -251,6 +260,21 @@ func (d *demo) openKafka(ctx context.Context) error {
 	// Topic names carry the schema, so reruns against one real cluster do
 	// not read each other's events.
 	d.prefix = d.rep.Schema + "."
+	topics := []string{d.prefix + shop.Topic, d.prefix + shop.Topic + ".dlq"}
+	if external && !d.cfg.KeepSchema {
+		// Registered before the topics are created, so a run that fails
+		// half way deletes what it made (or the broker auto-created) too.
+		// The names are this run's own: nobody else's topic can match.
+		d.deferred(func() {
+			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer dcancel()
+			if err := deleteTopics(dctx, kcfg, topics...); err != nil {
+				fmt.Fprintf(d.out, "warning: could not delete the demo's topics %s: %s\n", strings.Join(topics, ", "), err)
+				return
+			}
+			fmt.Fprintf(d.out, "deleted the demo's topics %s (--keep keeps them)\n", strings.Join(topics, ", "))
+		})
+	}
 	producer, err := outbox.NewProducer(outbox.Config{Tables: d.tables, TopicPrefix: d.prefix})
 	if err != nil {
 		return err
@@ -259,7 +283,7 @@ func (d *demo) openKafka(ctx context.Context) error {
 	fmt.Fprintf(d.out, "database %s, schema %s\nbroker   %s\n", d.rep.Database, d.rep.Schema, d.rep.Broker)
 	// Create the topics up front, as an operator would, so the first
 	// batch's latency is not the broker creating a topic.
-	if err := createTopics(ctx, kcfg, d.prefix+orders.Topic, d.prefix+orders.Topic+".dlq"); err != nil {
+	if err := createTopics(ctx, kcfg, topics...); err != nil {
 		fmt.Fprintf(d.out, "warning: could not create topics (%s); relying on auto-creation\n", err)
 	}
 	return nil
@@ -303,9 +327,9 @@ func (d *demo) startServices(ctx context.Context) error {
 		g.Go(func() error { return r.Run(gctx) })
 	}
 	cons, err := consumer.New(consumer.Config{
-		Name: orders.LoyaltyConsumer + "-" + schema, Pool: d.pool, Tables: d.tables,
-		Client: d.kcfg, Topics: []string{d.prefix + orders.Topic},
-		Handlers: orders.Handlers(), Logger: d.cfg.Logger.With("consumer", orders.LoyaltyConsumer),
+		Name: shop.LoyaltyConsumer + "-" + schema, Pool: d.pool, Tables: d.tables,
+		Client: d.kcfg, Topics: []string{d.prefix + shop.Topic},
+		Handlers: shop.Handlers(), Logger: d.cfg.Logger.With("consumer", shop.LoyaltyConsumer),
 	})
 	if err != nil {
 		return err
@@ -363,7 +387,7 @@ func (d *demo) placeOrders(ctx context.Context) error {
 				if n > int64(cfg.Orders) {
 					return nil
 				}
-				o := orders.Order{ID: uuid.New(), CustomerID: customers[mrand.IntN(len(customers))], TotalCents: 100 + mrand.Int64N(20_000)}
+				o := shop.Order{ID: uuid.New(), CustomerID: customers[mrand.IntN(len(customers))], TotalCents: 100 + mrand.Int64N(20_000)}
 				dup := n%int64(cfg.DuplicateEvery) == 0
 				if dup {
 					idsMu.Lock()
@@ -373,14 +397,14 @@ func (d *demo) placeOrders(ctx context.Context) error {
 					idsMu.Unlock()
 				}
 				d.attempted.Add(1)
-				_, err := orders.PlaceOrder(ctx, d.pool, d.producer, o)
+				_, err := shop.PlaceOrder(ctx, d.pool, d.producer, o)
 				switch {
 				case err == nil:
 					d.committed.Add(1)
 					idsMu.Lock()
 					ids = append(ids, o.ID)
 					idsMu.Unlock()
-				case orders.IsDuplicate(err):
+				case shop.IsDuplicate(err):
 					d.rolledBack.Add(1)
 				default:
 					return fmt.Errorf("place order: %w", err)
@@ -475,7 +499,7 @@ func (d *demo) checkInvariants(ctx context.Context) error {
 	}
 	rep.EventsEmitted = rep.OrdersCommitted
 	var err error
-	if rep.Points, err = orders.CheckPoints(ctx, d.pool); err != nil {
+	if rep.Points, err = shop.CheckPoints(ctx, d.pool); err != nil {
 		return err
 	}
 	var pending int64
@@ -554,13 +578,13 @@ func withDefaults(c Config) Config {
 	return c
 }
 
-func connect(ctx context.Context, url string) (*pgxpool.Pool, string, error) {
+func connect(ctx context.Context, url string, onConnect func(*pgconn.Config)) (*pgxpool.Pool, string, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, "", fmt.Errorf("bad database URL: %w", err)
 	}
 	cfg.MaxConns = 2
-	where := fmt.Sprintf("%s:%d/%s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+	where := fmt.Sprintf("%s:%d/%s as %s", cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database, cfg.ConnConfig.User)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, where, err
@@ -570,6 +594,9 @@ func connect(ctx context.Context, url string) (*pgxpool.Pool, string, error) {
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
 		return nil, where, fmt.Errorf("the Postgres server at %s does not answer: %s", where, strings.Join(strings.Fields(err.Error()), " "))
+	}
+	if onConnect != nil {
+		onConnect(&cfg.ConnConfig.Config)
 	}
 	return pool, where, nil
 }
@@ -612,6 +639,30 @@ func createTopics(ctx context.Context, kcfg kafka.ClientConfig, topics ...string
 	}
 	for _, r := range res {
 		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			return fmt.Errorf("%s: %w", r.Topic, r.Err)
+		}
+	}
+	return nil
+}
+
+// deleteTopics deletes topics from the cluster; a topic that does not
+// exist (never created, auto-creation off) is no error.
+func deleteTopics(ctx context.Context, kcfg kafka.ClientConfig, topics ...string) error {
+	opts, err := kcfg.Options()
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	res, err := kadm.NewClient(cl).DeleteTopics(ctx, topics...)
+	if err != nil {
+		return err
+	}
+	for _, r := range res.Sorted() {
+		if r.Err != nil && !errors.Is(r.Err, kerr.UnknownTopicOrPartition) {
 			return fmt.Errorf("%s: %w", r.Topic, r.Err)
 		}
 	}

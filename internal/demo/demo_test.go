@@ -3,15 +3,21 @@ package demo_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/demo"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/tmppg"
+	"github.com/pgoutbox/outbox/kafka"
 )
 
 // The demo's own invariants are the test: every committed order's event
@@ -77,4 +83,60 @@ func TestDemoStartsThrowawayClusterWhenNoServerAnswers(t *testing.T) {
 	require.True(t, rep.OK(), "failures: %v", rep.Failures)
 	require.Contains(t, out.String(), "starting a throwaway cluster")
 	require.Contains(t, rep.Database, "127.0.0.1")
+}
+
+// On a cluster given by Brokers (here the dev broker, as `outbox demo
+// --brokers` would reach it) the demo deletes the topics it used, unless
+// KeepSchema.
+func TestDemoOnExternalBrokerDeletesItsTopics(t *testing.T) {
+	t.Parallel()
+	b, err := devkafka.Start(devkafka.Config{})
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	topics := func() []string {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+		require.NoError(t, err)
+		defer cl.Close()
+		ts, err := kadm.NewClient(cl).ListTopics(context.Background())
+		require.NoError(t, err)
+		return ts.Names()
+	}
+	run := func(keep bool) demo.Report {
+		var out bytes.Buffer
+		rep, err := demo.Run(context.Background(), demo.Config{
+			DatabaseURL: pgtest.URL(), Brokers: kafka.ClientConfig{Brokers: []string{b.Addr()}},
+			Orders: 30, Writers: 2, Redeliver: 3, Out: &out, Timeout: 90 * time.Second, KeepSchema: keep,
+		})
+		require.NoError(t, err, out.String())
+		require.True(t, rep.OK(), "failures: %v\n%s", rep.Failures, out.String())
+		if keep {
+			require.NotContains(t, out.String(), "deleted the demo's topics")
+		} else {
+			require.Contains(t, out.String(), "deleted the demo's topics "+rep.Schema+".order, "+rep.Schema+".order.dlq")
+		}
+		return rep
+	}
+
+	run(false)
+	require.Empty(t, topics(), "the demo left topics behind")
+
+	rep := run(true)
+	require.ElementsMatch(t, []string{rep.Schema + ".order", rep.Schema + ".order.dlq"}, topics())
+	pool := pgtest.New(t, pgtest.Options{NoMigrate: true}).Pool
+	_, err = pool.Exec(context.Background(), "DROP SCHEMA "+rep.Schema+" CASCADE")
+	require.NoError(t, err)
+}
+
+// The demo reports the server it used, once it answered.
+func TestDemoReportsTheDatabaseItUsed(t *testing.T) {
+	t.Parallel()
+	var got []string
+	rep, err := demo.Run(context.Background(), demo.Config{
+		DatabaseURL: pgtest.URL(), Orders: 20, Writers: 2, Redeliver: 2, Timeout: 90 * time.Second,
+		OnConnect: func(c *pgconn.Config) {
+			got = append(got, fmt.Sprintf("%s:%d/%s as %s", c.Host, c.Port, c.Database, c.User))
+		},
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{rep.Database}, got)
 }

@@ -7,15 +7,23 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	neturl "net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/sqltext"
 	"github.com/pgoutbox/outbox/migrate"
 )
 
@@ -70,6 +78,11 @@ func New(t testing.TB, opts ...Options) *DB {
 		server = URL()
 	}
 	schema := Name(t)
+	if o.ServerURL == "" {
+		if err := EnsureDatabase(ctx); err != nil {
+			t.Fatal(err.Error())
+		}
+	}
 	admin, err := pgxpool.New(ctx, server)
 	require.NoError(t, err)
 	defer admin.Close()
@@ -105,6 +118,30 @@ func New(t testing.TB, opts ...Options) *DB {
 		require.NoError(t, err)
 	}
 	return &DB{Pool: pool, Tables: tables, URL: url}
+}
+
+// WriteLegacy runs write in one transaction with the outbox table's insert
+// guard (migration 6) off, and commits: for rows a producer could only
+// have written by plain INSERT before that migration, which the relayer
+// must still publish or hold as it always did. The guard is off for that
+// transaction alone (ALTER TABLE ... DISABLE TRIGGER, undone before
+// COMMIT), so other sessions' inserts wait for it and are checked.
+func (db *DB) WriteLegacy(t testing.TB, write func(ctx context.Context, tx pgx.Tx) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	guard := sqltext.For(db.Tables.Schema, db.Tables.Outbox, db.Tables.Processed).GuardTrigger
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "ALTER TABLE "+db.Tables.OutboxIdent()+" DISABLE TRIGGER "+guard); err != nil {
+			return err
+		}
+		if err := write(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "ALTER TABLE "+db.Tables.OutboxIdent()+" ENABLE TRIGGER "+guard)
+		return err
+	})
+	require.NoError(t, err, "write legacy rows")
 }
 
 // Name returns a unique, valid schema name derived from the test's name.
@@ -143,4 +180,109 @@ func redact(url string) string {
 		}
 	}
 	return url
+}
+
+var ensured struct {
+	once sync.Once
+	err  error
+}
+
+// EnsureDatabase creates the database URL names (DATABASE_URL, default
+// "test") when the server is up and the database is missing, connecting
+// to the server's "postgres" database to do it: `make test` on a fresh
+// server needs no createdb. When that cannot be done it returns one line
+// saying what to do. It runs once per test binary; test binaries that
+// race to create the database all succeed.
+func EnsureDatabase(ctx context.Context) error {
+	ensured.once.Do(func() { ensured.err = ensureDatabase(ctx) })
+	return ensured.err
+}
+
+func ensureDatabase(ctx context.Context) error {
+	cfg, err := pgx.ParseConfig(URL())
+	if err != nil {
+		return fmt.Errorf("pgtest: DATABASE_URL %s: %v", redact(URL()), err)
+	}
+	where := fmt.Sprintf("%s:%d", cfg.Host, cfg.Port)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
+		return fmt.Errorf("pgtest: the tests need Postgres at %s (DATABASE_URL %s, default %s): %s; start it, or set DATABASE_URL",
+			where, redact(URL()), redact(DefaultURL), oneLine(err))
+	}
+	name := cfg.Database
+	cfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("pgtest: database %q does not exist at %s and cannot be created (connecting to database postgres: %s); run: createdb -h %s -p %d -U %s %s",
+			name, where, oneLine(err), cfg.Host, cfg.Port, cfg.User, name)
+	}
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgident.Quote(name))
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") {
+		err = nil // another test binary created it first
+	}
+	if err != nil {
+		return fmt.Errorf("pgtest: create database %q at %s: %s; run: createdb -h %s -p %d -U %s %s",
+			name, where, oneLine(err), cfg.Host, cfg.Port, cfg.User, name)
+	}
+	return nil
+}
+
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
+
+// ScratchDatabase creates a database of its own, prefix_<random>, on the
+// tests' server, with the outbox tables migrated in its public schema
+// (where the package-level Emit and default Tables write), for runnable
+// examples, which have no testing.TB: they show the default tables yet
+// share nothing. drop drops the database.
+func ScratchDatabase(ctx context.Context, prefix string) (url string, drop func(), err error) {
+	if err := EnsureDatabase(ctx); err != nil {
+		return "", nil, err
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	name := prefix + "_" + hex.EncodeToString(rnd[:])
+	admin, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		return "", nil, err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgident.Quote(name)); err != nil {
+		return "", nil, err
+	}
+	drop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if admin, err := pgx.Connect(ctx, URL()); err == nil {
+			_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgident.Quote(name)+" WITH (FORCE)")
+			_ = admin.Close(ctx)
+		}
+	}
+	url = withDatabase(URL(), name)
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		var m *migrate.Migrator
+		if m, err = migrate.New(outbox.Tables{}); err == nil {
+			_, err = m.Up(ctx, conn)
+		}
+		_ = conn.Close(ctx)
+	}
+	if err != nil {
+		drop()
+		return "", nil, err
+	}
+	return url, drop, nil
+}
+
+// withDatabase is url (a URL or a key=value string) naming database name.
+func withDatabase(url, name string) string {
+	if u, err := neturl.Parse(url); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
+		return u.String()
+	}
+	return url + " dbname=" + name // the last setting of a key wins
 }

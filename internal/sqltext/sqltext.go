@@ -39,6 +39,10 @@ type Idents struct {
 	EmitFn     string // {{emit_fn}}: <schema>.<outbox>_emit
 	EmitLockNS string // {{emit_lock_ns}}: Emit's advisory-lock namespace, an int4 literal
 	Channel    string // {{channel}}: the NOTIFY channel, a string literal
+	// The insert-time guard (migration 6): a trigger and its function,
+	// both named <outbox>_guard.
+	GuardFn      string // {{guard_fn}}: <schema>.<outbox>_guard
+	GuardTrigger string // {{guard_trigger}}: the trigger on the outbox table
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -60,6 +64,8 @@ func For(schema, outbox, processed string) Idents {
 		EmitFn:         q(outbox + "_emit"),
 		EmitLockNS:     strconv.Itoa(int(lockkey.Emit(schema, outbox))),
 		Channel:        "'" + lockkey.Channel(schema, outbox) + "'", // hex digits only: nothing to escape
+		GuardFn:        q(outbox + "_guard"),
+		GuardTrigger:   pgident.Quote(trim(outbox + "_guard")),
 	}
 }
 
@@ -96,6 +102,10 @@ func (ids Idents) lookup(name string) string {
 		return ids.EmitLockNS
 	case "channel":
 		return ids.Channel
+	case "guard_fn":
+		return ids.GuardFn
+	case "guard_trigger":
+		return ids.GuardTrigger
 	}
 	return ""
 }
@@ -119,7 +129,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)

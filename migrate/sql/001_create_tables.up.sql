@@ -25,7 +25,12 @@ CREATE INDEX {{aggregate_idx}} ON {{outbox}} (aggregate_id, id) WHERE dispatched
 -- Consumer dedupe. source tells apart events of different outbox tables
 -- (event_id is only unique within one): the relayer stamps it into each
 -- record's event_source header, and it is part of the key.
-CREATE TABLE {{processed}} (
+--
+-- Several outboxes of one schema share it by default (--processed-table
+-- is processed_events for all), so the second outbox's migration finds it
+-- there: IF NOT EXISTS, and the down migration drops it only when no
+-- other outbox of the schema is migrated.
+CREATE TABLE IF NOT EXISTS {{processed}} (
   consumer     TEXT        NOT NULL,
   source       TEXT        NOT NULL DEFAULT '',
   event_id     BIGINT      NOT NULL,
@@ -33,5 +38,10 @@ CREATE TABLE {{processed}} (
   PRIMARY KEY (consumer, source, event_id)
 );
 
+-- A table of that name made by something else is not adopted silently:
+-- this fails ("column ... does not exist") unless it has the columns the
+-- consumer writes.
+SELECT consumer, source, event_id, processed_at FROM {{processed}} LIMIT 0;
+
 -- Retention cleanup deletes by age.
-CREATE INDEX {{processed_at_idx}} ON {{processed}} (processed_at);
+CREATE INDEX IF NOT EXISTS {{processed_at_idx}} ON {{processed}} (processed_at);

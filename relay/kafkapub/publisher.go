@@ -84,9 +84,10 @@ func NewPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
 }
 
 // Record builds the Kafka record for one outbox message. The message's own
-// headers never shadow the relayer's: the relayer refuses a row whose
-// headers use a reserved name, and Record drops such a header if one gets
-// here anyway.
+// headers, the trace context Emit wrote (traceparent, tracestate) among
+// them, follow the relayer's, sorted by name. They never shadow the
+// relayer's: the relayer refuses a row whose headers use a reserved name,
+// and Record drops such a header if one gets here anyway.
 func Record(m relay.Message, source string) *kgo.Record {
 	hdrs := make([]kgo.RecordHeader, 0, 4+len(m.Headers))
 	hdrs = append(hdrs,
@@ -120,6 +121,10 @@ func Record(m relay.Message, source string) *kgo.Record {
 		Headers: hdrs,
 	}
 }
+
+// MessagingSystem names Kafka in the relayer's publish spans (see
+// relay.MessagingSystem).
+func (p *Publisher) MessagingSystem() string { return "kafka" }
 
 // errNotSent marks a record left unsent because an earlier record of its
 // aggregate failed in the same batch.

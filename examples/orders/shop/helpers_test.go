@@ -1,4 +1,4 @@
-package orders_test
+package shop_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/devkafka"
-	"github.com/pgoutbox/outbox/examples/orders"
+	"github.com/pgoutbox/outbox/examples/orders/shop"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
@@ -40,7 +40,7 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 12})
-	require.NoError(t, orders.Migrate(context.Background(), db.Pool))
+	require.NoError(t, shop.Migrate(context.Background(), db.Pool))
 	b, err := devkafka.Start(devkafka.Config{Partitions: 4, Opts: []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
@@ -67,17 +67,17 @@ func (b *bundle) placeOrders(t *testing.T, n int) []int64 {
 	for range 6 {
 		wg.Go(func() {
 			for i := range work {
-				o := orders.Order{ID: uuid.New(), CustomerID: customers[i%len(customers)], TotalCents: int64(i*37%5000 + 99)}
+				o := shop.Order{ID: uuid.New(), CustomerID: customers[i%len(customers)], TotalCents: int64(i*37%5000 + 99)}
 				mu.Lock()
 				dup := i%10 == 9 && len(placed) > 0
 				if dup {
 					o.ID = placed[i%len(placed)]
 				}
 				mu.Unlock()
-				id, err := orders.PlaceOrder(context.Background(), b.db.Pool, b.producer, o)
+				id, err := shop.PlaceOrder(context.Background(), b.db.Pool, b.producer, o)
 				mu.Lock()
 				if dup {
-					if !orders.IsDuplicate(err) {
+					if !shop.IsDuplicate(err) {
 						t.Errorf("order %d reuses id %s: want a duplicate error, got %v", i, o.ID, err)
 					}
 					dups++
@@ -158,12 +158,12 @@ func (b *bundle) count(t *testing.T, sql string, args ...any) int {
 }
 
 func (b *bundle) processed(t *testing.T) int {
-	return b.count(t, "SELECT count(*) FROM "+b.db.Tables.ProcessedIdent()+" WHERE consumer = $1", orders.LoyaltyConsumer)
+	return b.count(t, "SELECT count(*) FROM "+b.db.Tables.ProcessedIdent()+" WHERE consumer = $1", shop.LoyaltyConsumer)
 }
 
-func (b *bundle) points(t *testing.T) orders.Points {
+func (b *bundle) points(t *testing.T) shop.Points {
 	t.Helper()
-	p, err := orders.CheckPoints(context.Background(), b.db.Pool)
+	p, err := shop.CheckPoints(context.Background(), b.db.Pool)
 	require.NoError(t, err)
 	return p
 }
@@ -176,7 +176,7 @@ func (b *bundle) pointsOfProcessed(t *testing.T) int64 {
 	var n int64
 	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT coalesce(sum((o.payload->>'total_cents')::int8 / $2), 0)::int8
 FROM `+b.db.Tables.OutboxIdent()+` o JOIN `+b.db.Tables.ProcessedIdent()+` p ON p.event_id = o.id AND p.consumer = $1 AND p.source = ''`,
-		orders.LoyaltyConsumer, orders.CentsPerPoint).Scan(&n))
+		shop.LoyaltyConsumer, shop.CentsPerPoint).Scan(&n))
 	return n
 }
 
@@ -184,7 +184,7 @@ FROM `+b.db.Tables.OutboxIdent()+` o JOIN `+b.db.Tables.ProcessedIdent()+` p ON 
 func (b *bundle) loyalty(t *testing.T, mod func(*consumer.Config)) *consumer.Consumer {
 	t.Helper()
 	cfg := consumer.Config{
-		Name:   orders.LoyaltyConsumer,
+		Name:   shop.LoyaltyConsumer,
 		Pool:   b.db.Pool,
 		Tables: b.db.Tables,
 		Client: kafka.ClientConfig{Brokers: []string{b.broker.Addr()}, Opts: []kgo.Opt{
@@ -192,8 +192,8 @@ func (b *bundle) loyalty(t *testing.T, mod func(*consumer.Config)) *consumer.Con
 			kgo.HeartbeatInterval(100 * time.Millisecond),
 			kgo.FetchMaxWait(100 * time.Millisecond),
 		}},
-		Topics:     []string{orders.Topic},
-		Handlers:   orders.Handlers(),
+		Topics:     []string{shop.Topic},
+		Handlers:   shop.Handlers(),
 		BackoffMin: time.Millisecond,
 		BackoffMax: 20 * time.Millisecond,
 	}

@@ -1,4 +1,4 @@
-package orders_test
+package shop_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/consumer"
-	"github.com/pgoutbox/outbox/examples/orders"
+	"github.com/pgoutbox/outbox/examples/orders/shop"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 )
 
@@ -20,13 +20,13 @@ func TestPlaceOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
-	require.NoError(t, orders.Migrate(ctx, db.Pool))
-	require.NoError(t, orders.Migrate(ctx, db.Pool), "Migrate twice is a no-op")
+	require.NoError(t, shop.Migrate(ctx, db.Pool))
+	require.NoError(t, shop.Migrate(ctx, db.Pool), "Migrate twice is a no-op")
 	b := &bundle{db: db}
 	p := setupProducer(t, db)
 
-	o := orders.Order{ID: uuid.New(), CustomerID: uuid.New(), TotalCents: 1299}
-	id, err := orders.PlaceOrder(ctx, db.Pool, p, o)
+	o := shop.Order{ID: uuid.New(), CustomerID: uuid.New(), TotalCents: 1299}
+	id, err := shop.PlaceOrder(ctx, db.Pool, p, o)
 	require.NoError(t, err)
 	require.Positive(t, id)
 	var (
@@ -35,27 +35,27 @@ func TestPlaceOrder(t *testing.T) {
 	)
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT aggregate_id, type, payload::text FROM "+db.Tables.OutboxIdent()+" WHERE id = $1", id).Scan(&agg, &typ, &payload))
 	require.Equal(t, o.ID, agg)
-	require.Equal(t, orders.EventOrderPlaced, typ)
+	require.Equal(t, shop.EventOrderPlaced, typ)
 	require.JSONEq(t, `{"order_id":"`+o.ID.String()+`","customer_id":"`+o.CustomerID.String()+`","total_cents":1299}`, payload)
 
 	// A second order with the same id fails on the unique key and rolls
 	// back: no second order, no second event.
-	_, err = orders.PlaceOrder(ctx, db.Pool, p, orders.Order{ID: o.ID, CustomerID: uuid.New(), TotalCents: 5})
-	require.True(t, orders.IsDuplicate(err), "got %v", err)
+	_, err = shop.PlaceOrder(ctx, db.Pool, p, shop.Order{ID: o.ID, CustomerID: uuid.New(), TotalCents: 5})
+	require.True(t, shop.IsDuplicate(err), "got %v", err)
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM orders"))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+db.Tables.OutboxIdent()))
 
-	for _, bad := range []orders.Order{
+	for _, bad := range []shop.Order{
 		{CustomerID: uuid.New(), TotalCents: 1},
 		{ID: uuid.New(), TotalCents: 1},
 		{ID: uuid.New(), CustomerID: uuid.New(), TotalCents: -1},
 	} {
-		_, err := orders.PlaceOrder(ctx, db.Pool, p, bad)
-		require.ErrorIs(t, err, orders.ErrInvalidOrder)
+		_, err := shop.PlaceOrder(ctx, db.Pool, p, bad)
+		require.ErrorIs(t, err, shop.ErrInvalidOrder)
 	}
-	_, err = orders.PlaceOrder(ctx, db.Pool, nil, o)
+	_, err = shop.PlaceOrder(ctx, db.Pool, nil, o)
 	require.ErrorContains(t, err, "producer is nil")
-	require.False(t, orders.IsDuplicate(errors.New("x")))
+	require.False(t, shop.IsDuplicate(errors.New("x")))
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM "+db.Tables.OutboxIdent()))
 }
 
@@ -63,35 +63,35 @@ func TestHandleOrderPlacedAwardsPointsOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
-	require.NoError(t, orders.Migrate(ctx, db.Pool))
+	require.NoError(t, shop.Migrate(ctx, db.Pool))
 	b := &bundle{db: db}
 	p := setupProducer(t, db)
-	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Name: orders.LoyaltyConsumer, Pool: db.Pool, Tables: db.Tables})
+	proc, err := consumer.NewProcessor(consumer.ProcessorConfig{Name: shop.LoyaltyConsumer, Pool: db.Pool, Tables: db.Tables})
 	require.NoError(t, err)
-	h := orders.Handlers()[orders.EventOrderPlaced]
+	h := shop.Handlers()[shop.EventOrderPlaced]
 
 	customer := uuid.New()
 	for i, cents := range []int64{1299, 250, 99} { // 12 + 2 + 0 points
-		o := orders.Order{ID: uuid.New(), CustomerID: customer, TotalCents: cents}
-		id, err := orders.PlaceOrder(ctx, db.Pool, p, o)
+		o := shop.Order{ID: uuid.New(), CustomerID: customer, TotalCents: cents}
+		id, err := shop.PlaceOrder(ctx, db.Pool, p, o)
 		require.NoError(t, err)
-		ev := consumer.Event{ID: id, Type: orders.EventOrderPlaced, AggregateID: o.ID,
+		ev := consumer.Event{ID: id, Type: shop.EventOrderPlaced, AggregateID: o.ID,
 			Payload: []byte(`{"order_id":"` + o.ID.String() + `","customer_id":"` + customer.String() + `","total_cents":` + itoa(cents) + `}`)}
 		for range 3 {
 			_, err := proc.Process(ctx, ev, h)
 			require.NoError(t, err, "order %d", i)
 		}
 	}
-	require.Equal(t, orders.Points{Orders: 3, Expected: 14, Awarded: 14}, b.points(t))
+	require.Equal(t, shop.Points{Orders: 3, Expected: 14, Awarded: 14}, b.points(t))
 	require.True(t, b.points(t).OK())
 	require.Equal(t, consumer.ProcessorStats{Processed: 3, Duplicates: 6}, proc.Stats())
 
 	// An order the handler never saw shows up as a mismatch.
-	_, err = orders.PlaceOrder(ctx, db.Pool, p, orders.Order{ID: uuid.New(), CustomerID: uuid.New(), TotalCents: 500})
+	_, err = shop.PlaceOrder(ctx, db.Pool, p, shop.Order{ID: uuid.New(), CustomerID: uuid.New(), TotalCents: 500})
 	require.NoError(t, err)
 	pts := b.points(t)
 	require.False(t, pts.OK())
-	require.Equal(t, orders.Points{Orders: 4, Expected: 19, Awarded: 14, Mismatched: 1}, pts)
+	require.Equal(t, shop.Points{Orders: 4, Expected: 19, Awarded: 14, Mismatched: 1}, pts)
 
 	// A payload without a customer cannot be fixed by retrying.
 	_, err = proc.Process(ctx, consumer.Event{ID: 999, Payload: []byte(`{"order_id":"` + uuid.NewString() + `","total_cents":100}`)}, h)

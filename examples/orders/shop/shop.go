@@ -1,15 +1,16 @@
-// Package orders is the worked example of the outbox: a shop places orders
-// and emits order.placed in the same transaction, and a loyalty service
-// awards points once per order, however often the event is delivered.
+// Package shop is the code of the worked example (examples/orders): a
+// shop places orders and emits order.placed in the same transaction, and
+// its loyalty service awards points once per order, however often the
+// event is delivered. `go run ./examples/orders` runs it end to end.
 //
-//	id, err := orders.PlaceOrder(ctx, pool, producer, orders.Order{ID: uuid.New(), CustomerID: c, TotalCents: 1250})
+//	id, err := shop.PlaceOrder(ctx, pool, producer, shop.Order{ID: uuid.New(), CustomerID: c, TotalCents: 1250})
 //
-//	c, err := consumer.New(consumer.Config{Name: orders.LoyaltyConsumer, Pool: pool,
-//		Topics: []string{orders.Topic}, Handlers: orders.Handlers(), Client: ...})
+//	c, err := consumer.New(consumer.Config{Name: shop.LoyaltyConsumer, Pool: pool,
+//		Topics: []string{shop.Topic}, Handlers: shop.Handlers(), Client: ...})
 //
 // Its tables (orders, loyalty_points) are unqualified: they land in the
 // first schema of the connection's search_path.
-package orders
+package shop
 
 import (
 	"context"
@@ -80,14 +81,14 @@ CREATE TABLE IF NOT EXISTS loyalty_points (
 // Migrate creates the example's tables if they do not exist.
 func Migrate(ctx context.Context, db Execer) error {
 	if _, err := db.Exec(ctx, migrateSQL); err != nil {
-		return fmt.Errorf("orders: create tables: %w", err)
+		return fmt.Errorf("shop: create tables: %w", err)
 	}
 	return nil
 }
 
 // ErrInvalidOrder is returned, wrapped, for an order PlaceOrder refuses
 // before touching the database.
-var ErrInvalidOrder = errors.New("orders: invalid order")
+var ErrInvalidOrder = errors.New("shop: invalid order")
 
 // PlaceOrder is the seed's place_order: it inserts the order and emits
 // order.placed (aggregate = order id) in one transaction, and returns the
@@ -96,7 +97,7 @@ var ErrInvalidOrder = errors.New("orders: invalid order")
 func PlaceOrder(ctx context.Context, db Beginner, producer *outbox.Producer, o Order) (int64, error) {
 	switch {
 	case producer == nil:
-		return 0, errors.New("orders: producer is nil; pass an *outbox.Producer for the outbox table")
+		return 0, errors.New("shop: producer is nil; pass an *outbox.Producer for the outbox table")
 	case o.ID == uuid.Nil:
 		return 0, fmt.Errorf("%w: the order id is the nil UUID", ErrInvalidOrder)
 	case o.CustomerID == uuid.Nil:
@@ -119,7 +120,7 @@ func PlaceOrder(ctx context.Context, db Beginner, producer *outbox.Producer, o O
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("orders: place order %s: %w", o.ID, err)
+		return 0, fmt.Errorf("shop: place order %s: %w", o.ID, err)
 	}
 	return id, nil
 }
@@ -191,7 +192,7 @@ SELECT
 func CheckPoints(ctx context.Context, db Querier) (Points, error) {
 	var p Points
 	if err := db.QueryRow(ctx, pointsSQL, CentsPerPoint).Scan(&p.Orders, &p.Expected, &p.Awarded, &p.Mismatched); err != nil {
-		return p, fmt.Errorf("orders: check points: %w", err)
+		return p, fmt.Errorf("shop: check points: %w", err)
 	}
 	return p, nil
 }

@@ -1,0 +1,172 @@
+package cli
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/pgoutbox/outbox/devkafka"
+	"github.com/pgoutbox/outbox/internal/pgtest"
+)
+
+// collector is an OTLP/HTTP endpoint that keeps what it is sent.
+type collector struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	reqs []collected
+}
+
+type collected struct {
+	path, contentType string
+	body              []byte
+}
+
+func newCollector(t *testing.T) *collector {
+	c := &collector{}
+	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		c.mu.Lock()
+		c.reqs = append(c.reqs, collected{r.URL.Path, r.Header.Get("Content-Type"), body})
+		c.mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(c.srv.Close)
+	return c
+}
+
+func (c *collector) requests() []collected {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]collected(nil), c.reqs...)
+}
+
+// clearOTelEnv unsets the variables that could turn export on or change
+// it, so the tests see only what they set. (t.Setenv: these tests cannot
+// run in parallel.)
+func clearOTelEnv(t *testing.T) {
+	for _, v := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+		"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", "OTEL_TRACES_SAMPLER"} {
+		t.Setenv(v, "")
+	}
+}
+
+// `outbox relay` with OTEL_EXPORTER_OTLP_ENDPOINT set exports its publish
+// spans over OTLP/HTTP, flushed when the command ends, and puts the global
+// provider back.
+func TestRelayExportsTraces(t *testing.T) {
+	clearOTelEnv(t)
+	col := newCollector(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", col.srv.URL)
+	t.Setenv("OTEL_SERVICE_NAME", "relay-under-test")
+	db := pgtest.New(t)
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
+	require.NoError(t, err)
+	t.Cleanup(broker.Close)
+	emit(t, db, uuid.New(), "order.placed", map[string]int{"n": 1})
+
+	relay := startCommand(t, db, "relay", "--brokers", broker.Addr(), "--poll-interval", "50ms", "--cleanup-interval", "0")
+	require.Eventually(t, func() bool { return count(t, db, "dispatched_at IS NULL") == 0 }, 30*time.Second, 20*time.Millisecond)
+	require.NoError(t, relay.stop())
+	require.Contains(t, relay.stderr.String(), "exporting traces over OTLP/HTTP")
+
+	reqs := col.requests()
+	require.NotEmpty(t, reqs, "the spans are flushed when the command ends")
+	var names []string
+	var service string
+	for _, r := range reqs {
+		require.Equal(t, "/v1/traces", r.path)
+		require.Equal(t, "application/x-protobuf", r.contentType)
+		var req coltracepb.ExportTraceServiceRequest
+		require.NoError(t, proto.Unmarshal(r.body, &req))
+		for _, rs := range req.GetResourceSpans() {
+			for _, a := range rs.GetResource().GetAttributes() {
+				if a.GetKey() == "service.name" {
+					service = a.GetValue().GetStringValue()
+				}
+			}
+			for _, ss := range rs.GetScopeSpans() {
+				for _, s := range ss.GetSpans() {
+					names = append(names, s.GetName())
+				}
+			}
+		}
+	}
+	require.Contains(t, names, "send order")
+	require.Equal(t, "relay-under-test", service, "OTEL_SERVICE_NAME is honoured")
+	_, sdk := otel.GetTracerProvider().(*sdktrace.TracerProvider)
+	require.False(t, sdk, "the global provider is put back when the command ends")
+}
+
+// Without the variables nothing is installed and nothing is sent.
+func TestNoTracingWithoutEnvironment(t *testing.T) {
+	clearOTelEnv(t)
+	col := newCollector(t)
+	db := pgtest.New(t)
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
+	require.NoError(t, err)
+	t.Cleanup(broker.Close)
+	emit(t, db, uuid.New(), "order.placed", map[string]int{"n": 1})
+
+	relay := startCommand(t, db, "relay", "--brokers", broker.Addr(), "--poll-interval", "50ms", "--cleanup-interval", "0")
+	require.Eventually(t, func() bool { return count(t, db, "dispatched_at IS NULL") == 0 }, 30*time.Second, 20*time.Millisecond)
+	_, sdk := otel.GetTracerProvider().(*sdktrace.TracerProvider)
+	require.False(t, sdk, "no SDK provider while the relay runs")
+	require.NoError(t, relay.stop())
+	require.NotContains(t, relay.stderr.String(), "exporting traces")
+	require.Empty(t, col.requests())
+}
+
+// OTLP over gRPC is refused with an error that says what to set.
+func TestTracingRefusesGRPC(t *testing.T) {
+	clearOTelEnv(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+	var out, errOut bytes.Buffer
+	require.Equal(t, 1, Main([]string{"migrate", "print"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "OTEL_EXPORTER_OTLP_PROTOCOL=grpc")
+	require.Contains(t, errOut.String(), "http/protobuf")
+}
+
+func TestTracingEnabled(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  map[string]string
+		want bool
+	}{
+		{nil, false},
+		{map[string]string{"OTEL_SERVICE_NAME": "x", "OTEL_TRACES_SAMPLER": "always_on"}, false},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, true},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, true},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, false},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, false},
+	} {
+		require.Equal(t, tc.want, tracingEnabled(func(k string) string { return tc.env[k] }), "%v", tc.env)
+	}
+	for _, tc := range []struct {
+		env map[string]string
+		ok  bool
+	}{
+		{nil, true},
+		{map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, true},
+		{map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, false},
+		{map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, false},
+		{map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf"}, true},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}, false},
+	} {
+		err := tracingProtocol(func(k string) string { return tc.env[k] })
+		require.Equal(t, tc.ok, err == nil, "%v: %v", tc.env, err)
+	}
+}

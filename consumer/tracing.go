@@ -1,0 +1,107 @@
+package consumer
+
+import (
+	"context"
+	"runtime/debug"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// tracerName is the instrumentation scope of the consumer's spans.
+const tracerName = "github.com/pgoutbox/outbox/consumer"
+
+// Attribute keys of the OpenTelemetry messaging semantic conventions.
+const (
+	attrSystem        = attribute.Key("messaging.system")
+	attrDestination   = attribute.Key("messaging.destination.name")
+	attrPartition     = attribute.Key("messaging.destination.partition.id")
+	attrOperationType = attribute.Key("messaging.operation.type")
+	attrOperationName = attribute.Key("messaging.operation.name")
+	attrGroup         = attribute.Key("messaging.consumer.group.name")
+	attrMessageID     = attribute.Key("messaging.message.id")
+	attrKafkaKey      = attribute.Key("messaging.kafka.message.key")
+	attrKafkaOffset   = attribute.Key("messaging.kafka.offset")
+	attrErrorType     = attribute.Key("error.type")
+)
+
+// tracing makes the consumer's process spans.
+type tracing struct {
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	group  string
+}
+
+// dispatch routes an event to its handler (decode has made sure one
+// exists) and runs it in a "process <topic>" span (kind consumer) whose
+// parent is the trace context the record carries: the span Emit ran in, so
+// producer and handler are one trace. The handler's ctx holds the span. A
+// panic is recovered here, as Recover does, so the span records it.
+func (c *Consumer) dispatch(ctx context.Context, tx pgx.Tx, ev Event) (err error) {
+	h, ok := c.handlers[ev.Type]
+	if !ok {
+		h = c.dflt
+	}
+	ctx, span := c.tracing.startProcess(ctx, ev)
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: debug.Stack()}
+		}
+		endProcess(span, err)
+	}()
+	return h(ctx, tx, ev)
+}
+
+// startProcess starts the span of one handler call. When the tracer does
+// not record, the span is not recording either and costs the extraction of
+// the trace context, which the handler's ctx then carries: an event the
+// handler emits continues the producer's trace.
+func (t tracing) startProcess(ctx context.Context, ev Event) (context.Context, trace.Span) {
+	if len(ev.Headers) > 0 {
+		ctx = t.prop.Extract(ctx, propagation.MapCarrier(ev.Headers))
+	}
+	producer := trace.SpanContextFromContext(ctx)
+	ctx, span := t.tracer.Start(ctx, "process "+ev.Topic, trace.WithSpanKind(trace.SpanKindConsumer))
+	if !span.IsRecording() {
+		return ctx, span
+	}
+	attrs := []attribute.KeyValue{
+		attrSystem.String("kafka"),
+		attrOperationType.String("process"),
+		attrOperationName.String("process"),
+		attrDestination.String(ev.Topic),
+		attrPartition.String(strconv.FormatInt(int64(ev.Partition), 10)),
+		attrKafkaOffset.Int64(ev.Offset),
+		attrGroup.String(t.group),
+		attrMessageID.String(strconv.FormatInt(ev.ID, 10)),
+	}
+	if ev.AggregateID != [16]byte{} {
+		attrs = append(attrs, attrKafkaKey.String(ev.AggregateID.String()))
+	}
+	span.SetAttributes(attrs...)
+	if producer.IsValid() {
+		span.AddLink(trace.Link{SpanContext: producer})
+	}
+	return ctx, span
+}
+
+// endProcess records the handler's error on span and ends it.
+func endProcess(span trace.Span, err error) {
+	if err != nil && span.IsRecording() {
+		span.RecordError(err)
+		typ := "handler"
+		if IsPermanent(err) {
+			typ = "permanent"
+		}
+		if _, ok := err.(*PanicError); ok {
+			typ = "panic"
+		}
+		span.SetAttributes(attrErrorType.String(typ))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
