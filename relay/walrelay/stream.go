@@ -346,7 +346,7 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 				s.queue = append(s.queue, it)
 			}
 			if !m.Transactional {
-				s.checkpoint(m.LSN+1, committed)
+				s.checkpoint(m.LSN, committed)
 			}
 		case !m.Transactional:
 			// A heartbeat (ours, or any other non-transactional message):
@@ -354,8 +354,13 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 			if m.Prefix == HeartbeatPrefix {
 				r.heartbeats.Add(1)
 			}
+			// m.LSN is the end of the message's record, which is where
+			// the next record starts: confirming one byte more would
+			// let the slot skip a transaction whose commit record
+			// follows the message (a heartbeat from another session
+			// lands between a transaction's inserts and its commit).
 			if !s.inTx {
-				s.checkpoint(m.LSN+1, time.Time{})
+				s.checkpoint(m.LSN, time.Time{})
 			}
 		}
 	}
@@ -366,7 +371,10 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 // invalidated meanwhile.
 func (r *Relayer) classify(ctx context.Context, err error) error {
 	var status string
-	if qerr := r.cfg.Pool.QueryRow(context.WithoutCancel(ctx), `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&status); qerr == nil && status == "lost" {
+	// Bounded: during a partition this must not hold up the stream's exit.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if qerr := r.cfg.Pool.QueryRow(qctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.Slot).Scan(&status); qerr == nil && status == "lost" {
 		return fmt.Errorf("%w: slot %s has wal_status=lost (it fell behind max_slot_wal_keep_size): drop it (outbox relay --mode wal --teardown), republish the gap from the table (outbox relay --mode poll) and start again; %v", ErrSlotLost, r.cfg.Slot, err)
 	}
 	return err
@@ -444,6 +452,9 @@ func (r *Relayer) settle(ctx context.Context, items []item) bool {
 		if transient == nil {
 			failures = 0
 			continue
+		}
+		if ctx.Err() != nil {
+			return false // shutting down: not a failure
 		}
 		failures++
 		r.failedBatches.Add(1)

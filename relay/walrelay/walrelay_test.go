@@ -2,9 +2,11 @@ package walrelay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -380,4 +382,54 @@ type nopPublisher struct{}
 
 func (nopPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))
+}
+
+// refusingPublisher fails every message with a transient error, keeping
+// the stream's events unacknowledged.
+type refusingPublisher struct{ calls atomic.Int64 }
+
+func (p *refusingPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
+	p.calls.Add(1)
+	errs := make([]error, len(msgs))
+	for i := range errs {
+		errs[i] = errors.New("broker unavailable (test)")
+	}
+	return errs
+}
+
+// A non-transactional message logged inside a transaction lands between
+// its inserts and its commit record (a heartbeat from another session does
+// so under load). Decoded before the transaction, it may be confirmed at
+// once, but only up to its own end, where the commit record starts: one
+// byte further and a relayer that restarts before the transaction was
+// acknowledged never sees it again.
+func TestMessageBeforeACommitDoesNotSkipItsTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	refusing := &refusingPublisher{}
+	r1 := b.relayer(t, func(c *walrelay.Config) { c.Publisher = refusing })
+	stop1 := run(t, r1)
+	waitLeading(t, r1)
+
+	var id int64
+	var msgLSN string
+	require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `INSERT INTO `+b.db.Tables.OutboxIdent()+` (aggregate_id, type, payload) VALUES ($1, 'order.placed', '{}') RETURNING id`, uuid.New()).Scan(&id); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT pg_logical_emit_message(false, $1, '')::text`, walrelay.HeartbeatPrefix).Scan(&msgLSN)
+	}))
+	require.Eventually(t, func() bool {
+		var confirmed bool
+		err := b.db.Pool.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`, msgLSN, b.slot).Scan(&confirmed)
+		return err == nil && confirmed
+	}, 20*time.Second, 20*time.Millisecond, "the slot never confirmed the message")
+	require.Eventually(t, func() bool { return refusing.calls.Load() > 0 }, 20*time.Second, 20*time.Millisecond, "the transaction never reached the publisher")
+	stop1()
+
+	run(t, b.relayer(t, nil))
+	recs := kafkatest.Read(t, b.broker.Addr(), 20*time.Second, kafkatest.AtLeastThenQuiet(1, 500*time.Millisecond), "order")
+	require.Len(t, recs, 1, "the transaction after the message was skipped")
+	require.Equal(t, id, kafkatest.EventID(recs[0]))
 }
