@@ -9,25 +9,12 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0" // the messaging conventions' attribute keys
 	"go.opentelemetry.io/otel/trace"
 )
 
 // tracerName is the instrumentation scope of the consumer's spans.
 const tracerName = "github.com/pgoutbox/outbox/consumer"
-
-// Attribute keys of the OpenTelemetry messaging semantic conventions.
-const (
-	attrSystem        = attribute.Key("messaging.system")
-	attrDestination   = attribute.Key("messaging.destination.name")
-	attrPartition     = attribute.Key("messaging.destination.partition.id")
-	attrOperationType = attribute.Key("messaging.operation.type")
-	attrOperationName = attribute.Key("messaging.operation.name")
-	attrGroup         = attribute.Key("messaging.consumer.group.name")
-	attrMessageID     = attribute.Key("messaging.message.id")
-	attrKafkaKey      = attribute.Key("messaging.kafka.message.key")
-	attrKafkaOffset   = attribute.Key("messaging.kafka.offset")
-	attrErrorType     = attribute.Key("error.type")
-)
 
 // tracing makes the consumer's process spans.
 type tracing struct {
@@ -70,17 +57,17 @@ func (t tracing) startProcess(ctx context.Context, ev Event) (context.Context, t
 		return ctx, span
 	}
 	attrs := []attribute.KeyValue{
-		attrSystem.String("kafka"),
-		attrOperationType.String("process"),
-		attrOperationName.String("process"),
-		attrDestination.String(ev.Topic),
-		attrPartition.String(strconv.FormatInt(int64(ev.Partition), 10)),
-		attrKafkaOffset.Int64(ev.Offset),
-		attrGroup.String(t.group),
-		attrMessageID.String(strconv.FormatInt(ev.ID, 10)),
+		semconv.MessagingSystemKey.String("kafka"),
+		semconv.MessagingOperationTypeKey.String("process"),
+		semconv.MessagingOperationNameKey.String("process"),
+		semconv.MessagingDestinationNameKey.String(ev.Topic),
+		semconv.MessagingDestinationPartitionIDKey.String(strconv.FormatInt(int64(ev.Partition), 10)),
+		semconv.MessagingKafkaOffsetKey.Int64(ev.Offset),
+		semconv.MessagingConsumerGroupNameKey.String(t.group),
+		semconv.MessagingMessageIDKey.String(strconv.FormatInt(ev.ID, 10)),
 	}
 	if ev.AggregateID != [16]byte{} {
-		attrs = append(attrs, attrKafkaKey.String(ev.AggregateID.String()))
+		attrs = append(attrs, semconv.MessagingKafkaMessageKeyKey.String(ev.AggregateID.String()))
 	}
 	span.SetAttributes(attrs...)
 	if producer.IsValid() {
@@ -100,7 +87,7 @@ func endProcess(span trace.Span, err error) {
 		if _, ok := err.(*PanicError); ok {
 			typ = "panic"
 		}
-		span.SetAttributes(attrErrorType.String(typ))
+		span.SetAttributes(semconv.ErrorTypeKey.String(typ))
 		span.SetStatus(codes.Error, err.Error())
 	}
 	span.End()

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0" // the messaging conventions' attribute keys
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -21,18 +22,6 @@ type MessagingSystem interface {
 
 // tracerName is the instrumentation scope of the relayer's spans.
 const tracerName = "github.com/pgoutbox/outbox/relay"
-
-// Attribute keys of the OpenTelemetry messaging semantic conventions.
-const (
-	attrSystem        = attribute.Key("messaging.system")
-	attrDestination   = attribute.Key("messaging.destination.name")
-	attrOperationType = attribute.Key("messaging.operation.type")
-	attrOperationName = attribute.Key("messaging.operation.name")
-	attrMessageID     = attribute.Key("messaging.message.id")
-	attrKafkaKey      = attribute.Key("messaging.kafka.message.key")
-	attrBatchCount    = attribute.Key("messaging.batch.message_count")
-	attrErrorType     = attribute.Key("error.type")
-)
 
 // tracing makes the relayer's publish spans.
 type tracing struct {
@@ -83,20 +72,20 @@ func (t tracing) startPublish(ctx context.Context, msgs []Message) (context.Cont
 	}
 	attrs := make([]attribute.KeyValue, 0, 7)
 	if t.system != "" {
-		attrs = append(attrs, attrSystem.String(t.system))
+		attrs = append(attrs, semconv.MessagingSystemKey.String(t.system))
 	}
-	attrs = append(attrs, attrOperationType.String("send"), attrOperationName.String("send"))
+	attrs = append(attrs, semconv.MessagingOperationTypeKey.String("send"), semconv.MessagingOperationNameKey.String("send"))
 	if topic != "" {
-		attrs = append(attrs, attrDestination.String(topic))
+		attrs = append(attrs, semconv.MessagingDestinationNameKey.String(topic))
 	}
 	kafka := t.system == "kafka"
 	if len(msgs) == 1 {
-		attrs = append(attrs, attrMessageID.String(strconv.FormatInt(msgs[0].ID, 10)))
+		attrs = append(attrs, semconv.MessagingMessageIDKey.String(strconv.FormatInt(msgs[0].ID, 10)))
 		if kafka {
-			attrs = append(attrs, attrKafkaKey.String(msgs[0].AggregateID.String()))
+			attrs = append(attrs, semconv.MessagingKafkaMessageKeyKey.String(msgs[0].AggregateID.String()))
 		}
 	} else {
-		attrs = append(attrs, attrBatchCount.Int(len(msgs)))
+		attrs = append(attrs, semconv.MessagingBatchMessageCountKey.Int(len(msgs)))
 	}
 	span.SetAttributes(attrs...)
 	spans := []trace.Span{span}
@@ -115,9 +104,9 @@ func (t tracing) startPublish(ctx context.Context, msgs []Message) (context.Cont
 			spans = append(spans, span)
 			links = 0
 		}
-		la := []attribute.KeyValue{attrMessageID.String(strconv.FormatInt(m.ID, 10))}
+		la := []attribute.KeyValue{semconv.MessagingMessageIDKey.String(strconv.FormatInt(m.ID, 10))}
 		if kafka {
-			la = append(la, attrKafkaKey.String(m.AggregateID.String()))
+			la = append(la, semconv.MessagingKafkaMessageKeyKey.String(m.AggregateID.String()))
 		}
 		span.AddLink(trace.Link{SpanContext: sc, Attributes: la})
 		links++
@@ -135,7 +124,7 @@ func endPublish(span trace.Span, errs []error, err error) {
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
-		span.SetAttributes(attrErrorType.String("_OTHER"))
+		span.SetAttributes(semconv.ErrorTypeKey.String("_OTHER"))
 		return
 	}
 	failed := 0
@@ -156,6 +145,6 @@ func endPublish(span trace.Span, errs []error, err error) {
 		reason = "transient"
 	}
 	span.RecordError(first)
-	span.SetAttributes(attrErrorType.String(reason))
+	span.SetAttributes(semconv.ErrorTypeKey.String(reason))
 	span.SetStatus(codes.Error, fmt.Sprintf("%d of %d messages not acknowledged; the first: %v", failed, len(errs), first))
 }
