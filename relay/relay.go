@@ -312,6 +312,9 @@ func (r *Relayer) Stats() Stats {
 // outages with backoff.
 func (r *Relayer) Run(ctx context.Context) error {
 	if err := r.checkSchema(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting: a stop, not a failure
+		}
 		return err
 	}
 	batchCtx, stopBatchCtx := r.batchContext(ctx)
