@@ -21,6 +21,12 @@ const (
 	DefaultSlotBusyTimeout    = 10 * time.Second
 	DefaultBackoffMin         = 100 * time.Millisecond
 	DefaultBackoffMax         = 30 * time.Second
+	DefaultUnknownTopicGrace  = 30 * time.Second
+	// MaxStatusInterval caps StatusInterval: the server's walsender ends a
+	// stream that goes wal_sender_timeout (60s by default) without a
+	// status update, and the slot's position should not lag the broker
+	// by more than a few seconds.
+	MaxStatusInterval = 10 * time.Second
 	// HeartbeatPrefix is the prefix of the heartbeat messages.
 	HeartbeatPrefix = "outbox-heartbeat"
 )
@@ -53,10 +59,18 @@ type Config struct {
 	// is out, the stream is read on until this many more wait. Defaults to
 	// DefaultBatchSize (5000).
 	BatchSize int
+	// MaxBatchBytes bounds the bytes (payload and headers, as decoded from
+	// the WAL) of one Publish call, and of what is read ahead while a
+	// batch is out: a batch stops before the event that would cross it (a
+	// single larger event goes alone), and the stream is not read on
+	// while this many bytes wait. The relayer so holds about twice this
+	// much. Defaults to relay.DefaultMaxBatchBytes (4 MiB), as the polling
+	// relay.
+	MaxBatchBytes int
 	// StatusInterval is the longest the relayer goes without telling the
 	// server how far the broker has acknowledged (a standby status update);
 	// it also answers at once when the server asks. Defaults to
-	// DefaultStatusInterval (1s).
+	// DefaultStatusInterval (1s); at most MaxStatusInterval (10s).
 	StatusInterval time.Duration
 	// HeartbeatInterval is how often the leader writes a non-transactional
 	// logical message (prefix HeartbeatPrefix), so that the slot's position
@@ -70,9 +84,24 @@ type Config struct {
 	// DefaultLeaderPollInterval (1s).
 	LeaderPollInterval time.Duration
 	// SlotBusyTimeout is how long a new leader waits for the slot to be
-	// released by its previous reader (a leader that just died) before it
-	// fails with ErrSlotBusy. Defaults to DefaultSlotBusyTimeout (10s).
+	// released by its previous reader before it gives up: when that
+	// reader is a WAL relayer's stream (application_name "outbox-wal
+	// stream ...", a leader that died or was cut off and whose walsender
+	// the server has not ended yet), it steps down and tries again, for
+	// as long as it takes; any other reader fails Run with ErrSlotBusy.
+	// Defaults to DefaultSlotBusyTimeout (10s).
 	SlotBusyTimeout time.Duration
+	// UnknownTopicGrace is how long an event whose topic the broker does
+	// not know (UNKNOWN_TOPIC_OR_PARTITION: not created yet, auto-creation
+	// off) is retried, holding the stream, before it is parked: creating
+	// the topic within it loses nothing. A type that makes no valid topic
+	// name is parked at once. Defaults to DefaultUnknownTopicGrace (30s).
+	UnknownTopicGrace time.Duration
+	// ShutdownTimeout bounds how long Run lets the batch in flight finish
+	// (and be acknowledged to the slot) after its context is cancelled;
+	// past it the batch is abandoned, to be re-sent by the next leader.
+	// Defaults to relay.DefaultShutdownTimeout (30s).
+	ShutdownTimeout time.Duration
 	// BackoffMin and BackoffMax bound the backoff after a failure: the
 	// broker or the database unreachable. Default to DefaultBackoffMin
 	// (100ms) and DefaultBackoffMax (30s).
@@ -115,6 +144,12 @@ func (cfg *Config) applyDefaults() error {
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}
+	if cfg.MaxBatchBytes < 0 {
+		return fmt.Errorf("walrelay: MaxBatchBytes is %d; use a positive size, or 0 for the default %d", cfg.MaxBatchBytes, relay.DefaultMaxBatchBytes)
+	}
+	if cfg.MaxBatchBytes == 0 {
+		cfg.MaxBatchBytes = relay.DefaultMaxBatchBytes
+	}
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
 	}
@@ -128,6 +163,8 @@ func (cfg *Config) applyDefaults() error {
 		{"SlotBusyTimeout", &cfg.SlotBusyTimeout, DefaultSlotBusyTimeout},
 		{"BackoffMin", &cfg.BackoffMin, DefaultBackoffMin},
 		{"BackoffMax", &cfg.BackoffMax, DefaultBackoffMax},
+		{"UnknownTopicGrace", &cfg.UnknownTopicGrace, DefaultUnknownTopicGrace},
+		{"ShutdownTimeout", &cfg.ShutdownTimeout, relay.DefaultShutdownTimeout},
 	} {
 		if *f.d < 0 {
 			return fmt.Errorf("walrelay: %s is %s; use a positive duration, or 0 for the default", f.name, *f.d)
@@ -135,6 +172,9 @@ func (cfg *Config) applyDefaults() error {
 		if *f.d == 0 {
 			*f.d = f.def
 		}
+	}
+	if cfg.StatusInterval > MaxStatusInterval {
+		return fmt.Errorf("walrelay: StatusInterval is %s; use at most %s, or the server may end the stream (wal_sender_timeout) and the slot lags the broker", cfg.StatusInterval, MaxStatusInterval)
 	}
 	if cfg.BackoffMax < cfg.BackoffMin {
 		return fmt.Errorf("walrelay: BackoffMax (%s) is below BackoffMin (%s)", cfg.BackoffMax, cfg.BackoffMin)

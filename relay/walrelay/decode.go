@@ -51,6 +51,12 @@ type item struct {
 	err        error
 }
 
+// size is what the item weighs against MaxBatchBytes: its payload,
+// headers and type, as read from the WAL.
+func (it *item) size() int {
+	return len(it.msg.Payload) + len(it.rawHeaders) + len(it.msg.Type)
+}
+
 // relation is a relation the stream announced; cols locates the outbox's
 // columns by name (the positions are the table's, whatever they are).
 type relation struct {

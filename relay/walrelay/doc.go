@@ -12,8 +12,10 @@
 //
 // The server needs wal_level=logical, and the pool's role the REPLICATION
 // attribute. Run creates the publication (FOR TABLE the outbox, publish =
-// 'insert') and the slot when they are missing (Setup); Teardown drops
-// them.
+// 'insert') and the slot when this outbox never had them (Setup), and
+// marks the publication once the slot exists: a slot that later
+// disappears is not created again (that would skip what was committed
+// meanwhile), Run fails with ErrSlotLost. Teardown drops both.
 //
 // # Order and acknowledgement
 //
@@ -26,7 +28,12 @@
 // whenever the server asks. A crash at any point loses nothing: the slot
 // resends from its confirmed position, so at most the unacknowledged
 // transactions are published again (at-least-once; consumers
-// deduplicate on event_id).
+// deduplicate on event_id). When Run's context is cancelled, the batch out
+// is let finish (ShutdownTimeout) and acknowledged before Run returns.
+//
+// Memory is bounded by BatchSize and MaxBatchBytes: a batch stops before
+// the event that would cross either, and the stream is not read on while
+// as much waits behind the batch out.
 //
 // A heartbeat, a non-transactional logical message written every
 // HeartbeatInterval,
@@ -43,9 +50,10 @@
 //
 //   - Plain insert (outbox.Emit, the SQL emit function, INSERT): rows stay
 //     in the table with dispatched_at NULL, which this source never sets.
-//     The WAL, not the row, is what gets published, so deleting rows is
-//     always safe for this source: clean them up by age (CleanupByAge),
-//     not with ops.Cleanup, which only deletes dispatched rows.
+//     The WAL, not the row, is what gets published; ops.Cleanup (with
+//     CleanupConfig.WALSlot, as `outbox cleanup` sets it) deletes rows past
+//     retention once the slot has confirmed them, keeping the rows a lost
+//     slot's gap would be republished from.
 //   - Insert and delete in the same transaction: the table stays empty;
 //     the publication carries inserts only, so the delete is not
 //     published.
@@ -65,7 +73,12 @@
 // price is the one of `outbox events park`: later events of the same
 // aggregate are published without the parked one. Unparking inserts it
 // again, which publishes it (after them). Transient failures (broker
-// down) are retried in order with backoff for as long as they last.
+// down) are retried in order with backoff for as long as they last. A
+// topic the broker does not know is retried for UnknownTopicGrace before
+// the event is parked, so that creating the topic in time loses nothing;
+// a type that makes no valid topic name is parked at once. An event the
+// parked table refuses too (a data error, SQLSTATE class 22) is dropped
+// and logged (Stats.Dropped).
 //
 // # High availability
 //
@@ -74,6 +87,11 @@
 // others try it every LeaderPollInterval and take over within about that
 // long once the leader's session ends (kill -9, a lost network). A leader
 // whose lock session dies stops streaming at once, so two never stream.
+// The server notices a leader cut off by the network within about 25s
+// (TCP keepalives and tcp_user_timeout on both of its sessions), which
+// releases the lock and the slot. A new leader that finds the slot still
+// read by the old leader's stream (application_name "outbox-wal stream")
+// steps down and tries again until the server has ended it.
 //
 // # Safety
 //

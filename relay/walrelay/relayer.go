@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +38,7 @@ type Relayer struct {
 	leading                                                        atomic.Bool
 	published, parked, dropped, batches, heartbeats, failedBatches atomic.Int64
 	acked                                                          atomic.Uint64
+	queuedBytesMax                                                 atomic.Int64
 	// oldestUnacked is the commit time (Unix ns) of the oldest transaction
 	// read and not yet acknowledged; 0 when none.
 	oldestUnacked atomic.Int64
@@ -51,10 +54,17 @@ type Stats struct {
 	// decode: moved to the parked table, the stream went on.
 	Parked int64
 	// Dropped logical messages with the outbox's prefix that were not
-	// events (no id): logged, not published, not parked.
+	// events (no id), and events that could be neither published nor
+	// parked (the parked table refused them with a data error, SQLSTATE
+	// class 22): logged, not published, not parked.
 	Dropped int64
-	// Batches published, and FailedBatches attempts that failed and backed
-	// off (broker or database unreachable).
+	// QueuedBytesMax is the most bytes (as MaxBatchBytes counts them) the
+	// leader has held read ahead of the batch out: at most about
+	// MaxBatchBytes plus one event.
+	QueuedBytesMax int64
+	// Batches published, and FailedBatches publish attempts that failed
+	// and backed off (broker or database unreachable); a leader stepping
+	// down is not counted.
 	Batches, FailedBatches int64
 	// Heartbeats read back from the stream.
 	Heartbeats int64
@@ -87,7 +97,7 @@ func (r *Relayer) Stats() Stats {
 	return Stats{
 		Published: r.published.Load(), Parked: r.parked.Load(), Dropped: r.dropped.Load(),
 		Batches: r.batches.Load(), FailedBatches: r.failedBatches.Load(), Heartbeats: r.heartbeats.Load(),
-		AckedLSN: pglogrepl.LSN(r.acked.Load()), Leading: r.leading.Load(),
+		AckedLSN: pglogrepl.LSN(r.acked.Load()), Leading: r.leading.Load(), QueuedBytesMax: r.queuedBytesMax.Load(),
 	}
 }
 
@@ -104,12 +114,15 @@ func (r *Relayer) Lag() time.Duration {
 	return max(time.Since(time.Unix(0, ns)), 0)
 }
 
-// Run relays until ctx is cancelled, then returns nil. It stands by until
-// it holds the slot's leader lock, then streams. It returns an error when
-// it cannot start (schema out of date, wal_level not logical) or must not
-// go on: the slot was invalidated (ErrSlotLost) or another process reads
-// it (ErrSlotBusy). Database and broker outages, and the loss of the
-// leader's session, are ridden out: it steps down and stands by again.
+// Run relays until ctx is cancelled, then lets the batch in flight finish
+// (within ShutdownTimeout), acknowledges it and returns nil. It stands by
+// until it holds the slot's leader lock, then streams. It returns an error
+// when it cannot start (schema out of date, wal_level not logical) or must
+// not go on: the slot was invalidated or disappeared (ErrSlotLost) or a
+// process other than a relayer reads it (ErrSlotBusy). Database and
+// broker outages, the loss of the leader's session and a previous
+// leader's stream still holding the slot are ridden out: it steps down
+// and stands by again.
 func (r *Relayer) Run(ctx context.Context) error {
 	m, err := migrate.New(r.cfg.Tables)
 	if err != nil {
@@ -148,10 +161,18 @@ func (r *Relayer) Run(ctx context.Context) error {
 		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) {
 			return err
 		}
-		failures++
-		r.failedBatches.Add(1)
-		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
-		r.log.Warn("wal relay stepped down; standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+		// A step-down is not a failed batch: settle counts those. Waiting
+		// out a previous leader's stream is no failure either: each try
+		// already waited SlotBusyTimeout, so the next comes soon.
+		var d time.Duration
+		if errors.Is(err, errSlotHeldByRelayer) {
+			d = r.cfg.LeaderPollInterval
+			r.log.Info("wal relay stepped down: the slot is still read by a relayer's stream (a previous leader's, not ended yet); standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+		} else {
+			failures++
+			d = backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
+			r.log.Warn("wal relay stepped down; standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+		}
 		if !backoff.Sleep(ctx, d) {
 			return nil
 		}
@@ -164,6 +185,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 func (r *Relayer) takeLead(ctx context.Context) (*pgx.Conn, error) {
 	cc := r.cfg.Pool.Config().ConnConfig.Copy()
 	cc.RuntimeParams["application_name"] = r.appName("leader")
+	maps.Copy(cc.RuntimeParams, keepaliveParams)
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("connect for the leader lock: %w", err)
@@ -180,6 +202,30 @@ func (r *Relayer) takeLead(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// streamAppName starts the application_name of every relayer's
+// replication connection: a slot read by such a process is a previous
+// leader's, to be waited out, not a foreign reader.
+const streamAppName = "outbox-wal stream"
+
+// errSlotHeldByRelayer: the slot is still read by a relayer's stream (a
+// leader cut off or just dead whose walsender the server has not ended
+// yet). The new leader steps down and tries again.
+var errSlotHeldByRelayer = errors.New("the slot is still read by a previous leader's stream")
+
+// keepaliveParams make the server notice a relayer cut off by the network
+// (no FIN, no RST) within about 25s: TCP keepalives after 10s idle, every
+// 5s, 3 lost; and tcp_user_timeout ends the connection when data it sent
+// (a walsender's stream, a reply to the leader's ping) stays
+// unacknowledged for 25s. The leader's session then ends, releasing the
+// leader lock, and so does its walsender, releasing the slot. Ignored on
+// Unix sockets.
+var keepaliveParams = map[string]string{
+	"tcp_keepalives_idle":     "10",
+	"tcp_keepalives_interval": "5",
+	"tcp_keepalives_count":    "3",
+	"tcp_user_timeout":        "25000",
+}
+
 func (r *Relayer) appName(role string) string {
 	n := "outbox-wal " + role
 	if r.cfg.Name != "" {
@@ -191,8 +237,11 @@ func (r *Relayer) appName(role string) string {
 // lead runs the leader's stream while lock holds the leader lock. It
 // returns when ctx ends, the lock's session dies (another relayer may
 // lead by then: the stream must stop), or the stream fails.
-func (r *Relayer) lead(ctx context.Context, lock *pgx.Conn) error {
-	ctx, cancel := context.WithCancelCause(ctx)
+//
+// runCtx is Run's context: when it ends, the batch in flight is let finish
+// (ShutdownTimeout); when only ctx ends (the lock was lost), it is not.
+func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
+	ctx, cancel := context.WithCancelCause(runCtx)
 	defer cancel(nil)
 	r.log.Info("wal relay took the leader lock")
 	if !r.cfg.SkipSetup {
@@ -210,7 +259,7 @@ func (r *Relayer) lead(ctx context.Context, lock *pgx.Conn) error {
 	// The lock's session is watched: if it ends (killed, network), another
 	// relayer can take the lock, and two must never stream.
 	wg.Go(func() {
-		t := time.NewTicker(r.cfg.LeaderPollInterval / 2)
+		t := time.NewTicker(max(r.cfg.LeaderPollInterval/2, 10*time.Millisecond))
 		defer t.Stop()
 		for {
 			select {
@@ -230,7 +279,7 @@ func (r *Relayer) lead(ctx context.Context, lock *pgx.Conn) error {
 	if r.cfg.HeartbeatInterval > 0 {
 		wg.Go(func() { r.heartbeat(ctx) })
 	}
-	err = r.stream(ctx, start)
+	err = r.stream(ctx, runCtx, start)
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -239,7 +288,8 @@ func (r *Relayer) lead(ctx context.Context, lock *pgx.Conn) error {
 
 // checkSlot checks the slot before streaming and returns its confirmed
 // position: lost is fatal; active in another process is waited on for
-// SlotBusyTimeout (a leader that just died), then fatal.
+// SlotBusyTimeout (a leader that just died), then fatal, unless that
+// process is a relayer's stream (errSlotHeldByRelayer: step down, retry).
 func (r *Relayer) checkSlot(ctx context.Context, db Querier) (pglogrepl.LSN, error) {
 	var keep string
 	if err := db.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err == nil && keep == "-1" {
@@ -273,6 +323,13 @@ func (r *Relayer) checkSlot(ctx context.Context, db Querier) (pglogrepl.LSN, err
 			}
 			return lsn, nil
 		case time.Now().After(deadline):
+			var app string
+			if err := db.QueryRow(ctx, streamHolderSQL, *pid).Scan(&app); err != nil {
+				return 0, fmt.Errorf("read the reader of slot %s: %w", r.cfg.Slot, err)
+			}
+			if strings.HasPrefix(app, streamAppName) {
+				return 0, fmt.Errorf("%w: slot %s is still read by process %d (%q) after %s; its leader lost the lock, and the server ends its stream once it notices (keepalives, wal_sender_timeout)", errSlotHeldByRelayer, r.cfg.Slot, *pid, app, r.cfg.SlotBusyTimeout)
+			}
 			return 0, fmt.Errorf("%w: slot %s is read by process %d, which does not hold the outbox relay's leader lock: stop that reader (SELECT pg_terminate_backend(%d)) or give this relay another --slot", ErrSlotBusy, r.cfg.Slot, *pid, *pid)
 		}
 		if !backoff.Sleep(ctx, 200*time.Millisecond) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,7 +20,9 @@ var (
 	// replica or minimal).
 	ErrWALLevel = errors.New("walrelay: the server's wal_level is not logical")
 	// ErrSlotLost: the slot was invalidated (wal_status = lost): the WAL it
-	// still needed was removed, so events may have been missed.
+	// still needed was removed, so events may have been missed; or the
+	// slot is gone though the publication records that it was created
+	// (Setup), and a new one would skip what was committed meanwhile.
 	ErrSlotLost = errors.New("walrelay: the replication slot was invalidated")
 	// ErrSlotBusy: another process, not a relayer holding the leader lock,
 	// reads the slot.
@@ -51,6 +54,10 @@ func DefaultName(t outbox.Tables) string {
 // Setup creates, when missing, the publication of the outbox's inserts
 // (FOR TABLE <outbox> WITH (publish = 'insert')) and the logical slot
 // (pgoutput) the WAL relayer reads. It is idempotent, and Run calls it.
+// Once the slot exists, it marks the publication (a comment): a slot that
+// later disappears while its publication stays is not created again, as a
+// new slot would start at the current position and skip what was
+// committed since the old one's; Setup fails with ErrSlotLost instead.
 // The publication is created first: pgoutput reads it as of each change
 // it decodes, so a slot older than its publication fails on the changes
 // in between. Creating a slot waits for the transactions open at that
@@ -80,8 +87,18 @@ func Setup(ctx context.Context, db Querier, t outbox.Tables, slot, publication s
 			return fmt.Errorf("walrelay: create publication %s for %s: %w", publication, t.OutboxIdent(), err)
 		}
 	}
+	var marker *string
+	if err := db.QueryRow(ctx, publicationMarkerSQL, publication).Scan(&marker); err != nil {
+		return fmt.Errorf("walrelay: read the comment of publication %s: %w", publication, err)
+	}
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&exists); err != nil {
 		return fmt.Errorf("walrelay: look up slot %s: %w", slot, err)
+	}
+	if !exists && marker != nil && *marker == slotMarker(slot) {
+		// The slot was created once and is gone: recreating it would start
+		// at the current position and skip what was committed since the
+		// old one's.
+		return fmt.Errorf("%w: slot %s is gone (dropped by hand, or lost in a failover to a server that did not have it), but publication %s records that it was created: the events committed since its last acknowledged position were not relayed, and a new slot would start after them; republish the gap from the table (outbox relay --mode poll, plain-insert mode), then drop the publication and start again (outbox relay --mode wal --teardown)", ErrSlotLost, slot, publication)
 	}
 	if !exists {
 		_, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
@@ -90,7 +107,30 @@ func Setup(ctx context.Context, db Querier, t outbox.Tables, slot, publication s
 			return fmt.Errorf("walrelay: create logical replication slot %s: %w", slot, err)
 		}
 	}
+	// Marked only once the slot exists (and marked then if an earlier
+	// Setup, or a version without markers, stopped short), so that a
+	// publication without its slot means "lost" only if the slot was
+	// there once.
+	if marker == nil || *marker != slotMarker(slot) {
+		if _, err := db.Exec(ctx, "COMMENT ON PUBLICATION "+pgident.Quote(publication)+" IS "+quoteLiteral(slotMarker(slot))); err != nil {
+			return fmt.Errorf("walrelay: mark publication %s as having slot %s (the role must own the publication: ALTER PUBLICATION %s OWNER TO <the relay's role>): %w", publication, slot, publication, err)
+		}
+	}
 	return nil
+}
+
+// slotMarker is the comment Setup puts on the publication once the slot
+// exists: the record that this outbox had a slot, which a slot that
+// disappeared (a failover to a server without it, a manual drop) cannot
+// take with it. Teardown drops it with the publication.
+func slotMarker(slot string) string {
+	return "outbox wal relay: replication slot " + slot + " created; if it is missing, events were not relayed (see outbox relay --mode wal --teardown)"
+}
+
+// quoteLiteral quotes s as an SQL string literal (for DDL, which takes no
+// parameters).
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
 // Teardown drops the slot and the publication, when they exist. It fails

@@ -42,8 +42,16 @@ const leaderLockSQL = `SELECT pg_try_advisory_lock($1, $2)`
 const slotSQL = `SELECT coalesce(wal_status, ''), active_pid, coalesce(confirmed_flush_lsn, '0/0'::pg_lsn)::text, plugin, database = current_database()
 FROM pg_replication_slots WHERE slot_name = $1`
 
+// publicationMarkerSQL reads the publication's comment, Setup's marker
+// that the slot was created (slotMarker); no row, or NULL, for none.
+const publicationMarkerSQL = `SELECT (SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1)`
+
+// streamHolderSQL reads the application_name of the process reading the
+// slot, to tell a WAL relayer's stream from a foreign reader.
+const streamHolderSQL = `SELECT coalesce((SELECT application_name FROM pg_stat_activity WHERE pid = $1), '')`
+
 var _ = sqltext.Register("walrelay", map[string]string{
-	"parkSQL": parkSQL, "cleanupSQL": cleanupSQL, "parkRawSQL": parkRawSQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL,
+	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
 })
 
 func render(sql string, t outbox.Tables) string {

@@ -3,13 +3,17 @@ package walrelay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"maps"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -23,6 +27,8 @@ type mark struct {
 	n         int
 	lsn       pglogrepl.LSN
 	committed time.Time
+	// timed is set once a commit's time was recorded in pending for it.
+	timed bool
 }
 
 // batch is what the publisher goroutine publishes; end is the position to
@@ -43,15 +49,26 @@ type streamState struct {
 	inTx    bool
 	commit  time.Time // the open transaction's commit time
 	queue   []item
+	bytes   int    // of the queue's items (item.size)
 	marks   []mark // in stream order; n relative to queue
 	acked   pglogrepl.LSN
 	pending []mark // handed off or queued commits not yet acknowledged, for Lag
 }
 
 // stream reads the slot from its confirmed position and publishes in
-// commit order until ctx ends or the stream fails.
-func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
+// commit order until ctx ends or the stream fails. When runCtx (Run's) has
+// ended, the batch in flight is let finish within ShutdownTimeout and is
+// acknowledged; otherwise (the lock was lost, the stream failed) it is
+// stopped at once.
+func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error {
 	pc := r.cfg.Pool.Config().ConnConfig.Config.Copy()
+	// A cancelled receive (each round's deadline) must not send the
+	// walsender a cancel request: a deadline on the socket ends the read
+	// and leaves the stream as it is.
+	pc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	maps.Copy(pc.RuntimeParams, keepaliveParams)
 	pc.RuntimeParams["replication"] = "database"
 	pc.RuntimeParams["application_name"] = r.appName("stream")
 	pc.RuntimeParams["TimeZone"] = "UTC"
@@ -80,7 +97,20 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 		roundStop  context.CancelFunc
 		lastStatus time.Time
 	)
-	pubCtx, stopPub := context.WithCancel(ctx)
+	// The batch out outlives ctx when Run is stopping (as the polling
+	// relay's batchContext): it finishes, is acknowledged, then Run
+	// returns; ShutdownTimeout after the stop it is cut short.
+	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopPub()
+	stopGrace := context.AfterFunc(ctx, func() {
+		if runCtx.Err() == nil {
+			stopPub()
+			return
+		}
+		t := time.AfterFunc(r.cfg.ShutdownTimeout, stopPub)
+		context.AfterFunc(pubCtx, func() { t.Stop() })
+	})
+	defer stopGrace()
 	wake := func() {
 		roundMu.Lock()
 		if roundStop != nil {
@@ -88,7 +118,7 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 		}
 		roundMu.Unlock()
 	}
-	sendStatus := func() error {
+	sendStatusCtx := func(ctx context.Context) error {
 		lastStatus = time.Now()
 		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 			WALWritePosition: s.acked, WALFlushPosition: s.acked, WALApplyPosition: s.acked,
@@ -98,19 +128,23 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 		}
 		return nil
 	}
-	// On the way out, the batch out is stopped, and what the broker
-	// acknowledged is told to the server, so that a restart re-sends as
-	// little as it can.
+	sendStatus := func() error { return sendStatusCtx(ctx) }
+	// On the way out, the batch out is stopped (or, when Run is stopping,
+	// let finish), and what the broker acknowledged is told to the
+	// server, so that a restart re-sends as little as it can.
 	defer func() {
-		stopPub()
+		if runCtx.Err() == nil {
+			stopPub()
+		} else if inflight {
+			r.log.Info("wal relay stopping: letting the batch out finish", "shutdown_timeout", r.cfg.ShutdownTimeout)
+		}
 		wg.Wait()
 		select {
 		case b := <-done:
-			if !b.ok {
-				return
+			if b.ok {
+				r.advance(s, b.end)
+				inflight = false
 			}
-			r.advance(s, b.end)
-			inflight = false
 		default:
 		}
 		if !inflight {
@@ -118,8 +152,13 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 				r.advance(s, s.marks[0].lsn)
 				s.marks = s.marks[1:]
 			}
+			if runCtx.Err() != nil && s.inTx && len(s.queue) == 0 {
+				r.readToCommit(ctx, conn, s)
+			}
 		}
-		_ = sendStatus() // best effort: the slot keeps the last one otherwise
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = sendStatusCtx(sctx) // best effort: the slot keeps the last one otherwise
 	}()
 	var round context.Context
 	for {
@@ -146,10 +185,10 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 				s.marks = s.marks[1:]
 			}
 			if len(s.queue) > 0 {
-				b := s.take(r.cfg.BatchSize)
+				b := s.take(r.cfg.BatchSize, r.cfg.MaxBatchBytes)
 				inflight = true
 				wg.Go(func() {
-					b.ok = r.settle(pubCtx, b.items)
+					b.ok = r.settle(pubCtx, runCtx, b.items)
 					done <- b
 					wake()
 				})
@@ -160,7 +199,7 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 				return err
 			}
 		}
-		if inflight && len(s.queue) >= r.cfg.BatchSize {
+		if inflight && (len(s.queue) >= r.cfg.BatchSize || s.bytes >= r.cfg.MaxBatchBytes) {
 			// Back pressure: read on once the batch out is settled,
 			// telling the server meanwhile that we are alive.
 			t := time.NewTimer(time.Until(lastStatus.Add(r.cfg.StatusInterval)))
@@ -241,10 +280,48 @@ func (r *Relayer) stream(ctx context.Context, start pglogrepl.LSN) error {
 	}
 }
 
-// take hands the first n queued items to the publisher, with the position
-// of the last commit among them.
-func (s *streamState) take(n int) batch {
+// readToCommit is for a graceful stop whose last batch ended inside a
+// transaction (a batch is handed off as soon as an event is read, before
+// its commit): everything read of that transaction went out, so reading
+// on to its commit, if nothing else of it comes first, lets that commit
+// be acknowledged rather than the transaction re-sent by the next leader.
+// Bounded, best effort.
+func (r *Relayer) readToCommit(ctx context.Context, conn *pgconn.PgConn, s *streamState) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.cfg.ShutdownTimeout, 5*time.Second))
+	defer cancel()
+	for s.inTx && len(s.queue) == 0 {
+		raw, err := conn.ReceiveMessage(rctx)
+		if err != nil {
+			return
+		}
+		msg, ok := raw.(*pgproto3.CopyData)
+		if !ok || len(msg.Data) == 0 || msg.Data[0] != pglogrepl.XLogDataByteID {
+			continue
+		}
+		xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+		if err != nil || r.decode(s, xld) != nil {
+			return
+		}
+	}
+	for len(s.marks) > 0 && s.marks[0].n == 0 {
+		r.advance(s, s.marks[0].lsn)
+		s.marks = s.marks[1:]
+	}
+}
+
+// take hands the first queued items, at most n and maxBytes (but at least
+// one), to the publisher, with the position of the last commit among them.
+func (s *streamState) take(n, maxBytes int) batch {
 	n = min(n, len(s.queue))
+	size := s.queue[0].size()
+	for i := 1; i < n; i++ {
+		if size+s.queue[i].size() > maxBytes {
+			n = i
+			break
+		}
+		size += s.queue[i].size()
+	}
+	s.bytes -= size
 	b := batch{items: s.queue[:n:n]}
 	s.queue = s.queue[n:]
 	k := 0
@@ -258,8 +335,18 @@ func (s *streamState) take(n int) batch {
 	}
 	if len(s.queue) == 0 {
 		s.queue = nil
+		s.bytes = 0
 	}
 	return b
+}
+
+// enqueue queues it for the publisher.
+func (r *Relayer) enqueue(s *streamState, it item) {
+	s.queue = append(s.queue, it)
+	s.bytes += it.size()
+	if int64(s.bytes) > r.queuedBytesMax.Load() {
+		r.queuedBytesMax.Store(int64(s.bytes))
+	}
 }
 
 // checkpoint records a position that can be acknowledged once everything
@@ -268,14 +355,22 @@ func (s *streamState) checkpoint(lsn pglogrepl.LSN, committed time.Time) {
 	if lsn <= s.acked {
 		return
 	}
+	// pending gets one entry per mark, the oldest commit's, not one per
+	// transaction: while a batch retries, transactions that queue nothing
+	// (other tables', heartbeats) must not grow it.
+	if k := len(s.marks); k > 0 && s.marks[k-1].n == len(s.queue) {
+		m := &s.marks[k-1]
+		m.lsn = max(m.lsn, lsn)
+		if !committed.IsZero() && !m.timed {
+			m.timed = true
+			s.pending = append(s.pending, mark{lsn: lsn, committed: committed})
+		}
+		return
+	}
+	s.marks = append(s.marks, mark{n: len(s.queue), lsn: lsn, timed: !committed.IsZero()})
 	if !committed.IsZero() {
 		s.pending = append(s.pending, mark{lsn: lsn, committed: committed})
 	}
-	if k := len(s.marks); k > 0 && s.marks[k-1].n == len(s.queue) {
-		s.marks[k-1].lsn = max(s.marks[k-1].lsn, lsn)
-		return
-	}
-	s.marks = append(s.marks, mark{n: len(s.queue), lsn: lsn})
 }
 
 // advance acknowledges lsn (the broker has everything before it).
@@ -330,7 +425,7 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 		if err != nil {
 			return err
 		}
-		s.queue = append(s.queue, it)
+		r.enqueue(s, it)
 	case *pglogrepl.LogicalDecodingMessage:
 		switch {
 		case m.Prefix == r.prefix:
@@ -343,7 +438,7 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 				r.dropped.Add(1)
 				r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
 			} else {
-				s.queue = append(s.queue, it)
+				r.enqueue(s, it)
 			}
 			if !m.Transactional {
 				s.checkpoint(m.LSN, committed)
@@ -388,9 +483,22 @@ func (r *Relayer) classify(ctx context.Context, err error) error {
 // earlier one that failed, so retrying the unacknowledged ones in order
 // keeps each aggregate's order, but for the parked.
 //
+// A topic the broker does not know (ReasonInvalidTopic from the
+// publisher; a type that makes no valid topic name is refused before, in
+// decode) is retried for UnknownTopicGrace, then parked: the topic may be
+// about to be created.
+//
+// Once runCtx ends (Run is stopping), the publish under way is let
+// finish, but a failed one is not retried: the next leader re-sends it.
+//
 // It reports whether every item was settled.
-func (r *Relayer) settle(ctx context.Context, items []item) bool {
+func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
+	// Backoff sleeps end with the stop too.
+	sleepCtx, stopSleep := context.WithCancel(ctx)
+	defer stopSleep()
+	defer context.AfterFunc(runCtx, stopSleep)()
 	failures := 0
+	var unknownSince map[int64]time.Time
 	for len(items) > 0 && ctx.Err() == nil {
 		var park []item
 		send := make([]relay.Message, 0, len(items))
@@ -423,6 +531,11 @@ func (r *Relayer) settle(ctx context.Context, items []item) bool {
 			switch err := errs[j]; {
 			case err == nil:
 				ok++
+			case relay.ReasonOf(err) == relay.ReasonInvalidTopic && r.withinGrace(&unknownSince, items[i].msg.ID):
+				again = append(again, items[i])
+				if transient == nil && !refused[items[i].msg.AggregateID] {
+					transient = fmt.Errorf("topic %s unknown to the broker, retried for up to %s before the event is parked: %w", items[i].msg.Topic, r.cfg.UnknownTopicGrace, err)
+				}
 			case relay.IsPermanent(err):
 				it := items[i]
 				it.err = err
@@ -440,9 +553,9 @@ func (r *Relayer) settle(ctx context.Context, items []item) bool {
 		}
 		r.published.Add(ok)
 		if len(park) > 0 {
-			if err := r.park(ctx, park); err != nil {
+			if rest, err := r.parkOrDrop(ctx, park); err != nil {
 				// Not parked: they go round again, in their place.
-				again = mergeInOrder(items, again, park)
+				again = mergeInOrder(items, again, rest)
 				if transient == nil {
 					transient = err
 				}
@@ -453,14 +566,14 @@ func (r *Relayer) settle(ctx context.Context, items []item) bool {
 			failures = 0
 			continue
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || runCtx.Err() != nil {
 			return false // shutting down: not a failure
 		}
 		failures++
 		r.failedBatches.Add(1)
 		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 		r.log.Warn("wal relay publish failed; retrying the unacknowledged events in order", "err", transient, "events", len(items), "attempt", failures, "retry_in", d.Round(time.Millisecond))
-		if !backoff.Sleep(ctx, d) {
+		if !backoff.Sleep(sleepCtx, d) {
 			return false
 		}
 	}
@@ -469,6 +582,55 @@ func (r *Relayer) settle(ctx context.Context, items []item) bool {
 	}
 	r.batches.Add(1)
 	return true
+}
+
+// withinGrace reports whether the event id, whose topic the broker does
+// not know, is still within UnknownTopicGrace of its first such refusal.
+func (r *Relayer) withinGrace(since *map[int64]time.Time, id int64) bool {
+	if *since == nil {
+		*since = map[int64]time.Time{}
+	}
+	first, ok := (*since)[id]
+	if !ok {
+		(*since)[id] = time.Now()
+		return true
+	}
+	return time.Since(first) < r.cfg.UnknownTopicGrace
+}
+
+// parkOrDrop parks items; when the parked table refuses one with a data
+// error (SQLSTATE class 22, e.g. a \u0000 in its JSON), retrying cannot
+// help and would hold the stream forever: that one is dropped, logged
+// with what identifies it. It returns the items neither parked nor
+// dropped, with the error that stopped it.
+func (r *Relayer) parkOrDrop(ctx context.Context, items []item) ([]item, error) {
+	err := r.park(ctx, items)
+	if err == nil {
+		return nil, nil
+	}
+	if !isDataError(err) {
+		return items, err
+	}
+	for i, it := range items {
+		err := r.park(ctx, []item{it})
+		if err == nil {
+			continue
+		}
+		if !isDataError(err) {
+			return items[i:], err
+		}
+		r.dropped.Add(1)
+		r.log.Error("event dropped: it can be neither published nor parked (the parked table refuses it); in plain-insert mode its row stays in the outbox, fix it there and re-insert it to publish it",
+			"event_id", it.msg.ID, "aggregate_id", it.msg.AggregateID, "type", clip.Text(it.msg.Type, 200), "reason", relay.ReasonOf(it.err), "publish_err", it.err, "park_err", err)
+	}
+	return nil, nil
+}
+
+// isDataError reports a Postgres data exception (SQLSTATE class 22): the
+// values are wrong, the same statement fails again.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 // mergeInOrder returns the items of a and b in their order in all.
