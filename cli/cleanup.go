@@ -11,7 +11,10 @@ import (
 )
 
 func newCleanupCmd(g *globals) *cobra.Command {
-	var cfg ops.CleanupConfig
+	var (
+		cfg  ops.CleanupConfig
+		slot string
+	)
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Delete dispatched outbox rows and processed_events rows past their retention, in small batches",
@@ -28,9 +31,18 @@ hourly, and whichever starts second skips (this command then exits 1).
 Keep --processed-retention longer than any window in which a consumer can see
 a record again (the topic's retention if consumers may rewind or reset
 offsets, replays): a record redelivered after its dedupe row is deleted is
-applied twice. 0 leaves processed_events alone.`,
+applied twice. 0 leaves processed_events alone.
+
+An outbox relayed from the WAL ('outbox relay --mode wal') never marks rows
+dispatched. When its replication slot exists (outbox_<table> by default, or
+--slot), cleanup deletes rows older than --retention whatever their
+dispatched_at, but only rows committed before a WAL position the slot has
+confirmed (the broker has their events): it notes the position, waits up to
+--confirm-wait for the slot to pass it, and otherwise deletes no outbox row
+and exits 1. A lost, unreserved or missing slot also deletes nothing: the
+table is then where its missing events are republished from.`,
 		Args: cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
+		RunE: func(c *cobra.Command, _ []string) (retErr error) {
 			switch {
 			case cfg.Retention <= 0:
 				return fmt.Errorf("--retention %s: use a positive duration, e.g. 7d", formatDays(cfg.Retention))
@@ -55,18 +67,38 @@ applied twice. 0 leaves processed_events alone.`,
 			}
 			defer pool.Close()
 			cfg.Tables, cfg.Logger = t, log
+			ws, wal, err := walSlot(c.Context(), pool, t, slot)
+			if err != nil {
+				return err
+			}
+			if wal {
+				cfg.WALSlot = ws.Name
+			}
 			res, err := ops.Cleanup(c.Context(), pool, cfg)
 			if errors.Is(err, ops.ErrCleanupRunning) {
 				return &exitError{code: 1, msg: "another cleanup of " + t.OutboxIdent() + " is running (a relay replica's hourly job, or another 'outbox cleanup'); nothing was deleted, try again later"}
 			}
-			if !res.OutboxCutoff.IsZero() { // else it failed before deleting anything
+			if wal && res.WALHorizon != "" {
+				fmt.Fprintf(g.stdout, "%s: deleted %d rows older than %s (created before %s) and committed before %s, which slot %s has confirmed, in %d %s, %s\n",
+					t.OutboxIdent(), res.Outbox.Deleted, formatDays(cfg.Retention), res.OutboxCutoff.UTC().Format(time.RFC3339), res.WALHorizon, ws.Name,
+					res.Outbox.Batches, plural(res.Outbox.Batches, "batch", "batches"), res.Outbox.Duration.Round(time.Millisecond))
+			} else if !wal && !res.OutboxCutoff.IsZero() { // else it failed before deleting anything
 				fmt.Fprintf(g.stdout, "%s: deleted %d dispatched rows older than %s (dispatched before %s) in %d %s, %s\n",
 					t.OutboxIdent(), res.Outbox.Deleted, formatDays(cfg.Retention), res.OutboxCutoff.UTC().Format(time.RFC3339),
 					res.Outbox.Batches, plural(res.Outbox.Batches, "batch", "batches"), res.Outbox.Duration.Round(time.Millisecond))
 			}
+			var walErr error
+			if errors.Is(err, ops.ErrSlotBehind) {
+				walErr, err = err, nil // the rest ran; report it, then fail
+			}
 			if err != nil {
 				return err
 			}
+			defer func() {
+				if walErr != nil && retErr == nil {
+					retErr = &exitError{code: 1, msg: t.OutboxIdent() + ": " + walErr.Error()}
+				}
+			}()
 			if res.Failures > 0 {
 				fmt.Fprintf(g.stdout, "pruned %d failure records of rows no longer pending\n", res.Failures)
 			}
@@ -87,6 +119,8 @@ applied twice. 0 leaves processed_events alone.`,
 	f.IntVar(&cfg.BatchSize, "batch-size", ops.DefaultCleanupBatch, "rows per delete statement (each its own transaction)")
 	deprecatedAlias(f, "batch-size", "batch")
 	durationVar(f, &cfg.Pause, "pause", ops.DefaultCleanupPause, "pause between batches")
+	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<table>; when it exists, rows the slot confirmed are deleted whatever their dispatched_at)")
+	durationVar(f, &cfg.WALConfirmWait, "confirm-wait", ops.DefaultWALConfirmWait, "WAL mode: how long to wait for the slot to confirm the position noted at the start")
 	return cmd
 }
 

@@ -141,7 +141,7 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 		return err
 	}
 	if o.mode == "wal" {
-		return runWALRelay(ctx, o, pool, kafkapub.NewPublisher(client, o.pcfg), t, log)
+		return runWALRelay(ctx, o, pool, client, kafkapub.NewPublisher(client, o.pcfg), t, log)
 	}
 	o.cfg.Pool = pool
 	o.cfg.Publisher = kafkapub.NewPublisher(client, o.pcfg)

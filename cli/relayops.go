@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
 // relayOps is what `outbox relay` runs beside the relayer (ops.Monitor):
@@ -51,6 +52,30 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 // cfg.Hooks. cfg.Pool, Tables and Logger must be set; client is pinged by
 // /readyz.
 func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	mc := o.cfg
+	mc.Pool, mc.Tables, mc.Logger = cfg.Pool, cfg.Tables, cfg.Logger
+	mc.CleanupInterval = o.cleanupInterval
+	mc.DisableCleanup = o.cleanupInterval == 0
+	mc.Cleanup.ProcessedRetention = o.processedRetention
+	mc.Cleanup.SkipProcessed = o.processedRetention == 0
+	if client != nil {
+		mc.Checks = append(mc.Checks, ops.ReadyCheck{Name: "broker", Check: client.Ping})
+	}
+	mon, err := ops.NewMonitor(mc)
+	if err != nil {
+		return err
+	}
+	cfg.Hooks = append(cfg.Hooks, mon.Metrics())
+	o.mon = mon
+	return nil
+}
+
+// check checks the flags shared by both modes and settles --http's
+// address.
+func (o *relayOps) check() error {
 	if o.httpAddr != "" {
 		addr, err := loopbackDefault(o.httpAddr)
 		if err != nil {
@@ -72,22 +97,49 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	if o.cleanupInterval < 0 || o.processedRetention < 0 {
 		return fmt.Errorf("--cleanup-interval (%s) and --processed-retention (%s) must be positive, or 0 to turn them off", o.cleanupInterval, o.processedRetention)
 	}
-	mc := o.cfg
-	mc.Pool, mc.Tables, mc.Logger = cfg.Pool, cfg.Tables, cfg.Logger
-	mc.CleanupInterval = o.cleanupInterval
-	mc.DisableCleanup = o.cleanupInterval == 0
-	mc.Cleanup.ProcessedRetention = o.processedRetention
-	mc.Cleanup.SkipProcessed = o.processedRetention == 0
+	return nil
+}
+
+// startWAL is instrument and start for --mode wal: an ops.WALMonitor
+// over r serves the slot's metrics, /healthz and /readyz with --http,
+// and runs the slot watchdog and WAL-mode cleanup (rows older than
+// --retention whose commit the slot has confirmed). --stuck-after and
+// --max-lag, which read pending rows, do not apply.
+func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, client *kgo.Client, wd ops.WALWatchdogConfig) (stop func(), err error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	rc := r.Config()
+	cleanup := o.cfg.Cleanup
+	cleanup.ProcessedRetention = o.processedRetention
+	cleanup.SkipProcessed = o.processedRetention == 0
+	mc := ops.WALMonitorConfig{
+		Pool: rc.Pool, Tables: rc.Tables, Slot: rc.Slot, Relayer: r, Logger: rc.Logger,
+		RefreshInterval: o.cfg.RefreshInterval, WatchdogInterval: o.cfg.WatchdogInterval, Watchdog: wd,
+		CleanupInterval: o.cleanupInterval, DisableCleanup: o.cleanupInterval == 0, Cleanup: cleanup,
+	}
 	if client != nil {
 		mc.Checks = append(mc.Checks, ops.ReadyCheck{Name: "broker", Check: client.Ping})
 	}
-	mon, err := ops.NewMonitor(mc)
+	mon, err := ops.NewWALMonitor(mc)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	cfg.Hooks = append(cfg.Hooks, mon.Metrics())
-	o.mon = mon
-	return nil
+	stopHTTP := func() {}
+	if o.httpAddr != "" {
+		o.addr, stopHTTP, err = serveHTTP(o.httpAddr, mon.Handler(), rc.Logger, "/metrics /healthz /readyz")
+		if err != nil {
+			return nil, err
+		}
+	}
+	jobs, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { mon.Run(jobs) })
+	return func() {
+		cancel()
+		stopHTTP()
+		wg.Wait()
+	}, nil
 }
 
 // start starts the periodic jobs and, with --http, the HTTP server. stop ends them; call it after the relayer stopped, so

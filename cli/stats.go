@@ -21,6 +21,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 	var (
 		asJSON     bool
 		stuckAfter time.Duration
+		slot       string
 	)
 	cmd := &cobra.Command{
 		Use:   "stats",
@@ -37,7 +38,13 @@ func newStatsCmd(g *globals) *cobra.Command {
   live / dead rows     dead rows are what vacuum has yet to reclaim; a high share
                        means bloat (vacuum lags behind the relay and cleanup)
 
-No query scans the whole table. --json prints the same for scripts.`,
+No query scans the whole table. --json prints the same for scripts.
+
+An outbox relayed from the WAL ('outbox relay --mode wal') never marks rows
+dispatched: when its replication slot exists (outbox_<table> by default,
+or --slot), stats shows the slot instead of pending rows: its lag in bytes
+of WAL, wal_status (lost: events may be missing), whether a relay reads it,
+and how much WAL may still be written before it is lost.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if stuckAfter <= 0 {
@@ -48,6 +55,18 @@ No query scans the whole table. --json prints the same for scripts.`,
 				return err
 			}
 			defer pool.Close()
+			if ws, found, err := walSlot(c.Context(), pool, t, slot); err != nil {
+				return err
+			} else if found {
+				st, err := ops.ReadWALStats(c.Context(), pool, t, ws.Name)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(g, walStatsJSON(t, st))
+				}
+				return printWALStats(g, t, st)
+			}
 			s, err := ops.ReadStats(c.Context(), pool, t, stuckAfter)
 			if err != nil {
 				return err
@@ -76,6 +95,7 @@ No query scans the whole table. --json prints the same for scripts.`,
 	g.addDBFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON for scripts")
 	durationVar(cmd.Flags(), &stuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this count as stuck")
+	cmd.Flags().StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<table>; when it exists, the slot is shown instead of pending rows)")
 	return cmd
 }
 
@@ -84,6 +104,7 @@ No query scans the whole table. --json prints the same for scripts.`,
 func statsJSON(t outbox.Tables, s ops.Stats) map[string]any {
 	return map[string]any{
 		"outbox":                     t.OutboxIdent(),
+		"mode":                       "poll",
 		"pending":                    s.Pending,
 		"oldest_pending_age_seconds": s.OldestPendingAge.Seconds(),
 		"stuck":                      s.Stuck,

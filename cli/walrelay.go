@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -19,6 +22,8 @@ type walOptions struct {
 	slot, publication string
 	teardown          bool
 	cfg               walrelay.Config
+	maxSlotLagBytes   int64
+	maxSlotInactive   time.Duration
 }
 
 func (w *walOptions) register(f *pflag.FlagSet) {
@@ -26,7 +31,10 @@ func (w *walOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&w.publication, "publication", "", "--mode wal: the publication of the outbox's inserts (default: the slot's default name)")
 	f.BoolVar(&w.teardown, "teardown", false, "--mode wal: drop the slot and the publication, then exit (stop the relayers first)")
 	durationVar(f, &w.cfg.HeartbeatInterval, "heartbeat-interval", walrelay.DefaultHeartbeatInterval, "--mode wal: how often the leader writes a heartbeat message so the slot advances while the outbox is idle")
+	f.Int64Var(&w.maxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "--mode wal: the watchdog job warns when the slot is further behind than this many bytes of WAL")
+	durationVar(f, &w.maxSlotInactive, "max-slot-inactive", ops.DefaultStuckAfter, "--mode wal: the watchdog job warns when the slot has had no reader for longer (PG 17+, which records since when)")
 	durationVar(f, &w.cfg.LeaderPollInterval, "leader-poll-interval", walrelay.DefaultLeaderPollInterval, "--mode wal: how often a standby tries to take over the slot")
+	durationVar(f, &w.cfg.UnknownTopicGrace, "unknown-topic-grace", walrelay.DefaultUnknownTopicGrace, "--mode wal: how long an event whose topic the broker does not know is retried, holding the stream, before it is parked")
 }
 
 // onlyForWAL refuses the WAL flags with --mode poll.
@@ -68,7 +76,7 @@ func runWALTeardown(ctx context.Context, g *globals, o *relayOptions, log *slog.
 }
 
 // runWALRelay runs the WAL source until ctx is cancelled.
-func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, pub relay.Publisher, t outbox.Tables, log *slog.Logger) error {
+func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, client *kgo.Client, pub relay.Publisher, t outbox.Tables, log *slog.Logger) error {
 	if err := checkSchema(ctx, pool, t); err != nil {
 		return err
 	}
@@ -77,6 +85,8 @@ func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, pub r
 	cfg.Slot, cfg.Publication = o.wal.names(t)
 	cfg.TopicPrefix = o.cfg.TopicPrefix
 	cfg.BatchSize = o.cfg.BatchSize
+	cfg.MaxBatchBytes = o.cfg.MaxBatchBytes
+	cfg.ShutdownTimeout = o.cfg.ShutdownTimeout
 	if cfg.HeartbeatInterval == 0 {
 		return errors.New("--heartbeat-interval 0: use a positive duration, or a negative one to turn heartbeats off")
 	}
@@ -84,9 +94,14 @@ func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, pub r
 	if err != nil {
 		return err
 	}
-	if o.ops.httpAddr != "" {
-		log.Warn("--mode wal does not serve metrics, health, the watchdog or cleanup yet; read the slot's lag with walrelay.Lag (pg_replication_slots)")
+	if o.wal.maxSlotLagBytes <= 0 {
+		return fmt.Errorf("--max-slot-lag-bytes %d: use a positive number of bytes, e.g. 1073741824 (1 GiB)", o.wal.maxSlotLagBytes)
 	}
+	stopOps, err := o.ops.startWAL(ctx, r, client, ops.WALWatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
+	if err != nil {
+		return err
+	}
+	defer stopOps()
 	if err := r.Run(ctx); err != nil {
 		return fmt.Errorf("relay --mode wal: %w", err)
 	}

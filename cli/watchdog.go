@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -16,6 +17,8 @@ import (
 func newWatchdogCmd(g *globals) *cobra.Command {
 	var (
 		cfg    ops.WatchdogConfig
+		wal    ops.WALWatchdogConfig
+		slot   string
 		asJSON bool
 	)
 	cmd := &cobra.Command{
@@ -42,7 +45,16 @@ retry ID --yes', or 'outbox events park ID --reason ... --yes' to let the rest
 of its aggregate go (see 'outbox events --help'). A row that waits behind
 another ("WAITS FOR") is held up by that row: look at it first. A stuck row
 with neither was never refused by a relayer: check that one is running
-('outbox stats' shows the dispatch rate) and its logs.`,
+('outbox stats' shows the dispatch rate) and its logs.
+
+An outbox relayed from the WAL ('outbox relay --mode wal') never marks rows
+dispatched, so when its replication slot exists (outbox_<table> by default,
+or --slot) the watchdog checks the slot instead: unhealthy when it is more
+than --max-slot-lag-bytes behind, when its wal_status is lost (events may
+be missing) or unreserved (about to be lost), or when it has had no reader
+for longer than --max-slot-inactive (PG 17+ only: older servers do not
+record since when a slot is inactive; the lag threshold catches a relay
+that stays away while the database writes).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if cfg.StuckAfter <= 0 || cfg.MaxLag <= 0 {
@@ -56,6 +68,12 @@ with neither was never refused by a relayer: check that one is running
 				return err
 			}
 			defer pool.Close()
+			if s, found, err := walSlot(c.Context(), pool, t, slot); err != nil {
+				return err
+			} else if found {
+				wal.Slot = s.Name
+				return runWALWatchdog(c.Context(), g, pool, t, wal, asJSON)
+			}
 			cfg.Tables = t
 			rep, err := ops.Check(c.Context(), pool, cfg)
 			if err != nil {
@@ -87,7 +105,37 @@ with neither was never refused by a relayer: check that one is running
 	durationVar(f, &cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: the oldest pending row must be younger than this")
 	f.IntVar(&cfg.Limit, "limit", ops.DefaultStuckLimit, "list at most this many stuck rows (all are counted)")
 	f.BoolVar(&asJSON, "json", false, "print JSON for scripts")
+	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<table>; when it exists, the slot is checked instead of pending rows)")
+	f.Int64Var(&wal.MaxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "WAL mode: unhealthy when the slot is further behind than this many bytes")
+	durationVar(f, &wal.MaxInactive, "max-slot-inactive", ops.DefaultStuckAfter, "WAL mode: unhealthy when the slot has had no reader for longer (PG 17+)")
 	return cmd
+}
+
+// runWALWatchdog is the watchdog of an outbox relayed from the WAL.
+func runWALWatchdog(ctx context.Context, g *globals, db ops.Queryer, t outbox.Tables, cfg ops.WALWatchdogConfig, asJSON bool) error {
+	if cfg.MaxSlotLagBytes <= 0 || cfg.MaxInactive <= 0 {
+		return fmt.Errorf("--max-slot-lag-bytes (%d) and --max-slot-inactive (%s) must be positive, e.g. 1073741824 and 5m", cfg.MaxSlotLagBytes, cfg.MaxInactive)
+	}
+	rep, err := ops.CheckWAL(ctx, db, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := writeJSON(g, walReportJSON(t, rep)); err != nil {
+			return err
+		}
+	} else {
+		s := rep.Slot
+		fmt.Fprintf(g.stdout, "outbox %s (relayed from the WAL): slot %s %s behind (max %s), wal_status %s, reader %s\n",
+			t.OutboxIdent(), s.Name, fmtBytes(s.LagBytes), fmtBytes(rep.MaxSlotLagBytes), s.WALStatus, fmtReader(s))
+		for _, p := range rep.Problems {
+			fmt.Fprintf(g.stdout, "  - %s\n", p)
+		}
+	}
+	if rep.Healthy() {
+		return nil
+	}
+	return &exitError{code: 1, msg: "unhealthy: " + strings.Join(rep.Problems, "; ")}
 }
 
 func printReport(g *globals, t outbox.Tables, rep ops.Report) error {

@@ -33,6 +33,7 @@ import (
 	"github.com/pgoutbox/outbox/cli"
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/internal/tmppg"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -546,11 +547,16 @@ func TestAlertsOnALiveRelay(t *testing.T) {
 		for _, r := range g.Rules {
 			nrules++
 			for _, n := range metricNames(r.Query) {
+				// outbox_wal_* are served by a --mode wal relay only:
+				// TestWALRelayServesRuleMetrics checks them against one.
+				if strings.HasPrefix(n, "outbox_wal_") {
+					continue
+				}
 				require.True(t, served(n), "alert %s reads %s, which neither the relay nor the consumer serves", r.Name, n)
 			}
 		}
 	}
-	require.Equal(t, 15, nrules, "Prometheus loaded every rule")
+	require.Equal(t, 17, nrules, "Prometheus loaded every rule")
 
 	// Park the held row: the held and stuck alerts resolve.
 	res, err := ops.Park(ctx, db.Pool, ops.ParkConfig{Tables: db.Tables, ID: held, Reason: "deploy test", Apply: true})
@@ -671,4 +677,68 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	require.NoError(t, err, "systemd-analyze verify:\n%s", out)
 	require.NotContains(t, string(out), "outbox-relay.service", "systemd-analyze warns about the unit:\n%s", out)
+}
+
+// ruleExprs reads the expr: lines of alerts.yml (every rule's is one line).
+func ruleExprs(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("prometheus/alerts.yml")
+	require.NoError(t, err)
+	var exprs []string
+	for _, m := range regexp.MustCompile(`(?m)^\s+expr: (.+)$`).FindAllStringSubmatch(string(b), -1) {
+		exprs = append(exprs, m[1])
+	}
+	require.NotEmpty(t, exprs)
+	return exprs
+}
+
+// A relay started with --mode wal --http on a throwaway wal_level=logical
+// cluster serves every outbox_wal_* metric the rules read (the poll-mode
+// live test skips those names), and the series OutboxRelayMetricsAbsent
+// accepts from a WAL relay, with the slot's state read from the server.
+func TestWALRelayServesRuleMetrics(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts a throwaway Postgres cluster and a WAL relay")
+	}
+	if !tmppg.Available() {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("initdb and pg_ctl are not on the PATH; CI must run this test (install the PostgreSQL server binaries)")
+		}
+		t.Skip("initdb and pg_ctl are not on the PATH: a --mode wal relay needs a throwaway wal_level=logical cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	cluster, err := tmppg.Logical(ctx, 4, nil)
+	cancel()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() }) // after the relay stopped: cleanups run last-in first-out
+	db := pgtest.New(t, pgtest.Options{MaxConns: 4, ServerURL: cluster.URL()})
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
+	require.NoError(t, err)
+	t.Cleanup(broker.Close)
+
+	addr := startOutbox(t, db, "relay", "--mode", "wal", "--brokers", broker.Addr(), "--http", "127.0.0.1:0",
+		"--metrics-refresh", "100ms", "--leader-poll-interval", "100ms", "--cleanup-interval", "1m")
+	var metrics string
+	require.Eventually(t, func() bool {
+		metrics = get(t, "http://"+addr+"/metrics")
+		return strings.Contains(metrics, "outbox_wal_leader 1") && strings.Contains(metrics, `outbox_wal_slot_wal_status{status="reserved"} 1`)
+	}, 60*time.Second, 50*time.Millisecond, "the WAL relay never led with a reserved slot:\n%s", metrics)
+	require.Contains(t, metrics, "outbox_wal_slot_active 1")
+	fams := parseFamilies(metrics)
+	checked := 0
+	for _, expr := range ruleExprs(t) {
+		for _, n := range metricNames(expr) {
+			if strings.HasPrefix(n, "outbox_wal_") {
+				require.True(t, fams.serves(n), "a rule reads %s, which the --mode wal relay does not serve", n)
+				checked++
+			}
+		}
+	}
+	require.Positive(t, checked)
+	for _, n := range []string{"outbox_events_dispatched_total", "outbox_wal_slot_lag_seconds", "outbox_wal_parked_total",
+		"outbox_wal_heartbeats_total", "outbox_cleanup_last_success_timestamp_seconds"} {
+		require.True(t, fams.serves(n), "the --mode wal relay does not serve %s", n)
+	}
+	require.Contains(t, get(t, "http://"+addr+"/readyz"), "database: ok")
 }

@@ -57,9 +57,32 @@ type CleanupConfig struct {
 	// Pause between batches gives vacuum, replicas and the relay room.
 	// Defaults to DefaultCleanupPause.
 	Pause time.Duration
+	// WALSlot, when set, says the outbox is relayed from the WAL through
+	// this slot (`outbox relay --mode wal`), whose rows keep dispatched_at
+	// NULL: the outbox part then deletes rows older than Retention (by
+	// created_at) whatever their dispatched_at, but only those committed
+	// before a WAL position the slot has confirmed (see cleanupOutboxWAL).
+	// Defaults to "" (delete dispatched rows only).
+	WALSlot string
+	// WALConfirmWait is how long a WAL-mode cleanup waits for the slot to
+	// confirm the position it noted at its start (a running relay does so
+	// within a heartbeat); when it does not, no outbox row is deleted and
+	// Cleanup returns ErrSlotBehind. Defaults to DefaultWALConfirmWait
+	// (1m).
+	WALConfirmWait time.Duration
 	// Logger receives a debug line per batch. Defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultWALConfirmWait is CleanupConfig.WALConfirmWait's default.
+const DefaultWALConfirmWait = time.Minute
+
+// ErrSlotBehind is returned (wrapped, saying why) by a WAL-mode Cleanup
+// that deleted no outbox row because the slot is missing, lost,
+// unreserved, or did not confirm its start position within
+// WALConfirmWait: the table is the only copy of events the slot may not
+// have delivered.
+var ErrSlotBehind = errors.New("ops: the replication slot has not confirmed the rows cleanup would delete")
 
 func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
 	if err := c.Tables.Validate(); err != nil {
@@ -84,6 +107,12 @@ func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
 	if c.Pause == 0 {
 		c.Pause = DefaultCleanupPause
 	}
+	if c.WALConfirmWait < 0 {
+		return c, fmt.Errorf("ops: cleanup WALConfirmWait is %s; use a positive duration, or 0 for the default", c.WALConfirmWait)
+	}
+	if c.WALConfirmWait == 0 {
+		c.WALConfirmWait = DefaultWALConfirmWait
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -99,6 +128,10 @@ type CleanupResult struct {
 	// Failures is how many failure records of rows no longer pending were
 	// pruned.
 	Failures int64
+	// WALHorizon is, for a WAL-mode cleanup (CleanupConfig.WALSlot), the
+	// WAL position the slot confirmed before rows were deleted: every
+	// deleted row was committed before it. Empty otherwise.
+	WALHorizon string
 }
 
 // TableCleanup is one table's share of a cleanup.
@@ -139,7 +172,21 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 	}
 	log := cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())
 
-	if err := cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox); err != nil {
+	var walErr error
+	if cfg.WALSlot != "" {
+		h, err := waitWALHorizon(ctx, c, cfg.WALSlot, cfg.WALConfirmWait)
+		switch {
+		case errors.Is(err, ErrSlotBehind):
+			walErr = err // the rest of the cleanup still runs
+		case err != nil:
+			return res, err
+		default:
+			res.WALHorizon = h.lsn
+			if err := cleanupOutboxWAL(ctx, c, cfg, log, res.OutboxCutoff, h, &res.Outbox); err != nil {
+				return res, err
+			}
+		}
+	} else if err := cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox); err != nil {
 		return res, err
 	}
 
@@ -154,7 +201,7 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 			return res, err
 		}
 	}
-	return res, nil
+	return res, walErr
 }
 
 // lockCleanup takes the outbox's cleanup lock on a connection of pool. It

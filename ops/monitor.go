@@ -139,16 +139,16 @@ func (m *Monitor) Metrics() *Metrics { return m.metrics }
 // and retried at the next tick; Run never gives up.
 func (m *Monitor) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { m.every(ctx, m.cfg.RefreshInterval, m.refresh) })
-	wg.Go(func() { m.every(ctx, m.cfg.WatchdogInterval, m.watchdog) })
+	wg.Go(func() { every(ctx, m.cfg.RefreshInterval, m.refresh) })
+	wg.Go(func() { every(ctx, m.cfg.WatchdogInterval, m.watchdog) })
 	if !m.cfg.DisableCleanup {
-		wg.Go(func() { m.every(ctx, m.cfg.CleanupInterval, m.cleanup) })
+		wg.Go(func() { every(ctx, m.cfg.CleanupInterval, m.cleanup) })
 	}
 	wg.Wait()
 }
 
 // every runs job at once, then every interval, until ctx is done.
-func (m *Monitor) every(ctx context.Context, interval time.Duration, job func(context.Context)) {
+func every(ctx context.Context, interval time.Duration, job func(context.Context)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -231,9 +231,15 @@ func (m *Monitor) cleanup(ctx context.Context) {
 // database and every readiness check answer within CheckTimeout; 503 with
 // the reasons otherwise).
 func (m *Monitor) Handler() http.Handler {
-	checks := append([]ReadyCheck{{Name: "database", Check: m.cfg.Pool.Ping}}, m.cfg.Checks...)
+	return opsHandler(m.metrics.Handler(), m.cfg.Pool.Ping, m.cfg.Checks, m.cfg.CheckTimeout)
+}
+
+// opsHandler serves metrics on /metrics, /healthz, and /readyz over the
+// database ping and checks.
+func opsHandler(metrics http.Handler, ping func(context.Context) error, extra []ReadyCheck, timeout time.Duration) http.Handler {
+	checks := append([]ReadyCheck{{Name: "database", Check: ping}}, extra...)
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", m.metrics.Handler())
+	mux.Handle("GET /metrics", metrics)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintln(w, "ok")
@@ -243,7 +249,7 @@ func (m *Monitor) Handler() http.Handler {
 		var wg sync.WaitGroup
 		for i, c := range checks {
 			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(r.Context(), m.cfg.CheckTimeout)
+				ctx, cancel := context.WithTimeout(r.Context(), timeout)
 				defer cancel()
 				errs[i] = c.Check(ctx)
 			})

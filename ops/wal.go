@@ -1,0 +1,224 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/sqltext"
+	"github.com/pgoutbox/outbox/relay/walrelay"
+)
+
+// An outbox relayed from the WAL (`outbox relay --mode wal`) never sets
+// dispatched_at: its rows say nothing about what was published. What
+// says it is the slot: its confirmed position is where the broker has
+// acknowledged everything. The functions here read the slot instead of
+// the rows, for the metrics, `outbox stats`, `outbox watchdog` and
+// cleanup of such an outbox.
+
+// DefaultMaxSlotLagBytes is the slot lag (WAL the server keeps for the
+// slot) over which the WAL watchdog calls the outbox unhealthy: 1 GiB.
+const DefaultMaxSlotLagBytes int64 = 1 << 30
+
+// WALSlot is the state of an outbox's logical replication slot, as
+// pg_replication_slots reports it.
+type WALSlot struct {
+	// Name of the slot.
+	Name string
+	// LagBytes is pg_current_wal_lsn() - confirmed_flush_lsn: WAL written
+	// since the broker last acknowledged everything; the server keeps at
+	// least this much on disk for the slot.
+	LagBytes int64
+	// WALStatus is reserved, extended, unreserved (past
+	// max_slot_wal_keep_size: about to be lost) or lost (invalidated:
+	// events after ConfirmedFlushLSN may be missing).
+	WALStatus string
+	// Active is true while a relayer streams from the slot; ActivePID is
+	// its walsender's process id (0 when inactive).
+	Active    bool
+	ActivePID int32
+	// ConfirmedFlushLSN is the position the relayer last acknowledged.
+	ConfirmedFlushLSN string
+	// SafeWALBytes is how much more WAL can be written before the slot is
+	// lost (safe_wal_size); nil when max_slot_wal_keep_size is unlimited.
+	SafeWALBytes *int64
+	// InactiveSince is when the slot was last released (PG 17+:
+	// inactive_since); zero while active. InactiveSinceKnown is false on
+	// servers that do not report it (PG 16 and older): how long an
+	// inactive slot has been so is unknown there.
+	InactiveSince      time.Time
+	InactiveSinceKnown bool
+}
+
+// walSlotSQL reads a slot of this database. inactive_since only exists
+// from PG 17: to_jsonb of the row reads it where it exists and yields
+// NULL (and false) elsewhere, in one statement for every version. A
+// catalog view, no index involved.
+const walSlotSQL = `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), coalesce(s.wal_status, ''),
+  s.active, coalesce(s.active_pid, 0), coalesce(s.confirmed_flush_lsn, '0/0'::pg_lsn)::text, s.safe_wal_size,
+  (to_jsonb(s) ->> 'inactive_since')::timestamptz, to_jsonb(s) ? 'inactive_since'
+FROM pg_replication_slots s WHERE s.slot_name = $1 AND s.database = current_database()`
+
+// SlotName is the slot of an outbox: slot when given, else the WAL
+// relay's default (walrelay.DefaultName).
+func SlotName(t outbox.Tables, slot string) string {
+	if slot != "" {
+		return slot
+	}
+	return walrelay.DefaultName(t)
+}
+
+// ReadWALSlot reads the slot; found is false when this database has no
+// slot of that name, which is how the operations commands tell a polled
+// outbox from one relayed from the WAL.
+func ReadWALSlot(ctx context.Context, db Queryer, slot string) (s WALSlot, found bool, err error) {
+	s.Name = slot
+	var inactive *time.Time
+	err = db.QueryRow(ctx, walSlotSQL, slot).Scan(&s.LagBytes, &s.WALStatus, &s.Active, &s.ActivePID,
+		&s.ConfirmedFlushLSN, &s.SafeWALBytes, &inactive, &s.InactiveSinceKnown)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, false, nil
+	}
+	if err != nil {
+		return s, false, fmt.Errorf("ops: read replication slot %s: %w", slot, err)
+	}
+	if inactive != nil {
+		s.InactiveSince = *inactive
+	}
+	return s, true, nil
+}
+
+// WALWatchdogConfig configures CheckWAL.
+type WALWatchdogConfig struct {
+	// Slot is the outbox's slot. Required (see SlotName).
+	Slot string
+	// MaxSlotLagBytes: a slot further behind is unhealthy. Defaults to
+	// DefaultMaxSlotLagBytes (1 GiB).
+	MaxSlotLagBytes int64
+	// MaxInactive: a slot nobody has read for longer is unhealthy, on
+	// servers that say since when (PG 17+). Defaults to
+	// DefaultStuckAfter (5m).
+	MaxInactive time.Duration
+}
+
+// WALReport is what CheckWAL found.
+type WALReport struct {
+	Slot            WALSlot
+	MaxSlotLagBytes int64
+	MaxInactive     time.Duration
+	// Missing: no such slot in this database (dropped, or a failover to a
+	// server without it: events committed since may never be relayed).
+	Missing bool
+	// Problems says, one line each, what is unhealthy; empty when healthy.
+	Problems []string
+}
+
+// Healthy reports whether CheckWAL found no problem.
+func (r WALReport) Healthy() bool { return len(r.Problems) == 0 }
+
+// CheckWAL runs the WAL watchdog once: the slot must exist, be within
+// MaxSlotLagBytes, not be lost or unreserved, and (PG 17+) not be inactive
+// longer than MaxInactive.
+func CheckWAL(ctx context.Context, db Queryer, cfg WALWatchdogConfig) (WALReport, error) {
+	if cfg.MaxSlotLagBytes < 0 || cfg.MaxInactive < 0 {
+		return WALReport{}, fmt.Errorf("ops: WAL watchdog MaxSlotLagBytes (%d) and MaxInactive (%s) must not be negative; 0 means the default", cfg.MaxSlotLagBytes, cfg.MaxInactive)
+	}
+	if cfg.MaxSlotLagBytes == 0 {
+		cfg.MaxSlotLagBytes = DefaultMaxSlotLagBytes
+	}
+	if cfg.MaxInactive == 0 {
+		cfg.MaxInactive = DefaultStuckAfter
+	}
+	rep := WALReport{MaxSlotLagBytes: cfg.MaxSlotLagBytes, MaxInactive: cfg.MaxInactive}
+	s, found, err := ReadWALSlot(ctx, db, cfg.Slot)
+	if err != nil {
+		return rep, err
+	}
+	rep.Slot = s
+	if !found {
+		rep.Missing = true
+		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %s does not exist in this database: a WAL relay creates it at start; if one ran, the slot was dropped or lost in a failover and events committed since may be missing (republish them from the table with outbox relay --mode poll)", cfg.Slot))
+		return rep, nil
+	}
+	switch s.WALStatus {
+	case "lost":
+		rep.Problems = append(rep.Problems, fmt.Sprintf("slot %s is lost (wal_status=lost): the WAL it needed is gone and events after %s may be missing; drop it (outbox relay --mode wal --teardown) and republish the gap from the table (outbox relay --mode poll)", s.Name, s.ConfirmedFlushLSN))
+	case "unreserved":
+		rep.Problems = append(rep.Problems, fmt.Sprintf("slot %s is past max_slot_wal_keep_size (wal_status=unreserved) and will be lost at the next checkpoint unless its relay catches up", s.Name))
+	}
+	if s.LagBytes > cfg.MaxSlotLagBytes {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("slot %s is %d bytes behind (over %d): is a relay leading and reaching the broker? (its logs, /readyz)", s.Name, s.LagBytes, cfg.MaxSlotLagBytes))
+	}
+	if !s.Active && s.InactiveSinceKnown && !s.InactiveSince.IsZero() {
+		var now time.Time
+		if err := db.QueryRow(ctx, serverNowSQL).Scan(&now); err != nil {
+			return rep, fmt.Errorf("ops: read server time: %w", err)
+		}
+		if d := now.Sub(s.InactiveSince); d > cfg.MaxInactive {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("slot %s has had no reader for %s (over %s): no WAL relay is running", s.Name, d.Round(time.Second), cfg.MaxInactive))
+		}
+	}
+	return rep, nil
+}
+
+// WALStats is a snapshot of an outbox relayed from the WAL, for `outbox
+// stats`: the slot instead of pending rows, and the table.
+type WALStats struct {
+	Slot WALSlot
+	// OldestRowAge is the age of the row with the lowest id: how far back
+	// retention cleanup has left the table. Zero when it is empty.
+	OldestRowAge time.Duration
+	Table
+}
+
+// Table is an outbox table's size and vacuum state.
+type Table struct {
+	TableBytes                 int64
+	LiveRows, DeadRows         int64
+	LastVacuum, LastAutovacuum time.Time
+}
+
+// oldestRowSQL reads the age of the lowest id's row (the primary key).
+const oldestRowSQL = `SELECT coalesce(extract(epoch FROM now() - (SELECT created_at FROM {{outbox}} ORDER BY id LIMIT 1)), 0)::float8`
+
+// ReadWALStats reads the slot (which must exist; see ReadWALSlot) and the
+// table.
+func ReadWALStats(ctx context.Context, db Queryer, tables outbox.Tables, slot string) (WALStats, error) {
+	var st WALStats
+	s, found, err := ReadWALSlot(ctx, db, slot)
+	if err != nil {
+		return st, err
+	}
+	if !found {
+		return st, fmt.Errorf("ops: no replication slot %s in this database: start a relay with --mode wal (it creates it), or name the slot with --slot", slot)
+	}
+	st.Slot = s
+	var age float64
+	if err := db.QueryRow(ctx, render(oldestRowSQL, tables)).Scan(&age); err != nil {
+		return st, fmt.Errorf("ops: read the oldest row of %s: %w", tables.OutboxIdent(), err)
+	}
+	st.OldestRowAge = seconds(age)
+	st.Table, err = readTable(ctx, db, tables)
+	return st, err
+}
+
+func readTable(ctx context.Context, db Queryer, tables outbox.Tables) (Table, error) {
+	var t Table
+	var lastVacuum, lastAuto *time.Time
+	if err := db.QueryRow(ctx, tableSQL, tables.OutboxIdent()).Scan(&t.TableBytes, &t.LiveRows, &t.DeadRows, &lastVacuum, &lastAuto); err != nil {
+		return t, fmt.Errorf("ops: read table statistics of %s: %w", tables.OutboxIdent(), err)
+	}
+	if lastVacuum != nil {
+		t.LastVacuum = *lastVacuum
+	}
+	if lastAuto != nil {
+		t.LastAutovacuum = *lastAuto
+	}
+	return t, nil
+}
+
+var _ = sqltext.Register("ops", map[string]string{"walSlotSQL": walSlotSQL, "oldestRowSQL": oldestRowSQL})

@@ -1,0 +1,208 @@
+package ops_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/internal/tmppg"
+	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/relay/walrelay"
+)
+
+// The WAL-mode tests share one throwaway wal_level=logical cluster,
+// started by the first of them (the machine's server has replica).
+var (
+	logicalOnce sync.Once
+	logical     *tmppg.Cluster
+	logicalErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if logical != nil {
+		_ = logical.Stop()
+	}
+	os.Exit(code)
+}
+
+// walSetup gives a schema on the logical cluster with the outbox's slot
+// and publication created (walrelay.Setup), as a WAL relay leaves them.
+func walSetup(t *testing.T) (*pgtest.DB, string) {
+	t.Helper()
+	logicalOnce.Do(func() {
+		if !tmppg.Available() {
+			logicalErr = errors.New("initdb and pg_ctl are not on the PATH")
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		logical, logicalErr = tmppg.Logical(ctx, 10, nil)
+	})
+	if logicalErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the WAL-mode operations tests need a throwaway wal_level=logical cluster, and none started: %v", logicalErr)
+		}
+		t.Skipf("skipped: the WAL-mode operations tests need a throwaway wal_level=logical cluster (initdb/pg_ctl), and none started: %v", logicalErr)
+	}
+	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: logical.URL()})
+	slot := walrelay.DefaultName(db.Tables)
+	require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
+	t.Cleanup(func() { _ = walrelay.Teardown(context.Background(), db.Pool, slot, slot) })
+	return db, slot
+}
+
+// emitAged commits one event whose created_at is age ago.
+func emitAged(t *testing.T, db *pgtest.DB, age time.Duration) int64 {
+	t.Helper()
+	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
+	require.NoError(t, err)
+	var id int64
+	require.NoError(t, pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
+		id, err = p.Emit(context.Background(), tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: map[string]int{"n": 1}})
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(context.Background(), fmt.Sprintf("UPDATE %s SET created_at = now() - $2::bigint * interval '1 microsecond' WHERE id = $1", db.Tables.OutboxIdent()), id, age.Microseconds())
+		return err
+	}))
+	return id
+}
+
+func advanceSlot(t *testing.T, db *pgtest.DB, slot string) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
+	require.NoError(t, err)
+}
+
+func TestWALSlotWatchdogAndStats(t *testing.T) {
+	t.Parallel()
+	db, slot := walSetup(t)
+	ctx := context.Background()
+	for range 5 {
+		emitAged(t, db, 0)
+	}
+	s, found, err := ops.ReadWALSlot(ctx, db.Pool, slot)
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, "reserved", s.WALStatus)
+	require.False(t, s.Active, "no relay reads it")
+	require.Positive(t, s.LagBytes, "the inserts are WAL the slot has not confirmed")
+
+	rep, err := ops.CheckWAL(ctx, db.Pool, ops.WALWatchdogConfig{Slot: slot, MaxSlotLagBytes: 1})
+	require.NoError(t, err)
+	require.False(t, rep.Healthy())
+	require.Contains(t, rep.Problems[0], "bytes behind")
+	rep, err = ops.CheckWAL(ctx, db.Pool, ops.WALWatchdogConfig{Slot: slot})
+	require.NoError(t, err)
+	if !s.InactiveSinceKnown {
+		require.True(t, rep.Healthy(), "%v: before PG 17 an inactive slot alone is not a problem (since when is unknown)", rep.Problems)
+	}
+
+	st, err := ops.ReadWALStats(ctx, db.Pool, db.Tables, slot)
+	require.NoError(t, err)
+	require.Equal(t, s.Name, st.Slot.Name)
+	require.Positive(t, st.TableBytes)
+
+	rep, err = ops.CheckWAL(ctx, db.Pool, ops.WALWatchdogConfig{Slot: "outbox_no_such_slot"})
+	require.NoError(t, err)
+	require.True(t, rep.Missing)
+	require.False(t, rep.Healthy())
+	_, found, err = ops.ReadWALSlot(ctx, db.Pool, "outbox_no_such_slot")
+	require.NoError(t, err)
+	require.False(t, found)
+}
+
+// Cleanup of a WAL-mode outbox deletes old rows whatever their
+// dispatched_at, but only once the slot confirmed a position past their
+// commit; young rows, and old rows committed after the horizon, stay.
+func TestWALCleanupDeletesOnlyConfirmed(t *testing.T) {
+	t.Parallel()
+	db, slot := walSetup(t)
+	ctx := context.Background()
+	var old []int64
+	for range 3 {
+		old = append(old, emitAged(t, db, 10*24*time.Hour))
+	}
+	young := emitAged(t, db, 0)
+	count := func() int64 {
+		var n int64
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Tables.OutboxIdent()).Scan(&n))
+		return n
+	}
+	cfg := ops.CleanupConfig{Tables: db.Tables, Retention: 24 * time.Hour, WALSlot: slot, WALConfirmWait: 300 * time.Millisecond, SkipProcessed: true, Logger: testLogger(t)}
+
+	// Nobody reads the slot: it never confirms; nothing is deleted.
+	res, err := ops.Cleanup(ctx, db.Pool, cfg)
+	require.ErrorIs(t, err, ops.ErrSlotBehind)
+	require.Zero(t, res.Outbox.Deleted)
+	require.EqualValues(t, 4, count())
+
+	// An old row committed after the horizon was taken is kept, even once
+	// the slot is past its commit.
+	lsn, xmin, err := ops.WALHorizon(ctx, db.Pool)
+	require.NoError(t, err)
+	late := emitAged(t, db, 10*24*time.Hour)
+	advanceSlot(t, db, slot)
+	tc, err := ops.CleanupWALAt(ctx, db.Pool, cfg, lsn, xmin)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, tc.Deleted, "the three old rows committed before the horizon")
+	var left []int64
+	rows, err := db.Pool.Query(ctx, "SELECT id FROM "+db.Tables.OutboxIdent()+" ORDER BY id")
+	require.NoError(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Equal(t, []int64{young, late}, left)
+
+	// The full cleanup, with a reader confirming (here: advancing the
+	// slot while it waits), deletes the late row too, and not the young.
+	stop := start(t, func(ctx context.Context) {
+		for ctx.Err() == nil {
+			_, _ = db.Pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	cfg.WALConfirmWait = time.Minute
+	res, err = ops.Cleanup(ctx, db.Pool, cfg)
+	stop()
+	require.NoError(t, err)
+	require.NotEmpty(t, res.WALHorizon)
+	require.EqualValues(t, 1, res.Outbox.Deleted)
+	require.EqualValues(t, 1, count())
+	_ = old
+}
+
+type fakeWAL struct{ stats walrelay.Stats }
+
+func (f fakeWAL) Stats() walrelay.Stats { return f.stats }
+func (f fakeWAL) Lag() time.Duration    { return 1500 * time.Millisecond }
+
+// The WAL monitor serves the relayer's counters and the slot's state.
+func TestWALMonitorMetrics(t *testing.T) {
+	t.Parallel()
+	db, slot := walSetup(t)
+	mon, err := ops.NewWALMonitor(ops.WALMonitorConfig{Pool: db.Pool, Tables: db.Tables, Slot: slot,
+		Relayer: fakeWAL{walrelay.Stats{Published: 7, Parked: 2, Heartbeats: 3, Leading: true}}, Logger: testLogger(t)})
+	require.NoError(t, err)
+	mon.Refresh(context.Background())
+	rec := httptest.NewRecorder()
+	mon.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for _, want := range []string{"outbox_events_dispatched_total 7", "outbox_wal_parked_total 2", "outbox_wal_heartbeats_total 3",
+		"outbox_wal_leader 1", "outbox_wal_slot_lag_seconds 1.5", "outbox_wal_slot_active 0",
+		`outbox_wal_slot_wal_status{status="reserved"} 1`, `outbox_wal_slot_wal_status{status="lost"} 0`, "outbox_wal_slot_lag_bytes "} {
+		require.Contains(t, string(body), want)
+	}
+}
