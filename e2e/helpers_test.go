@@ -44,6 +44,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	stopLogical()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -166,6 +167,8 @@ type delivered struct {
 	key       string
 	partition int32
 	id        int64
+	at        time.Time // the record's timestamp: its produce time
+	source    string    // the event_source header: which relayer sent it
 }
 
 // readTopic reads the whole topic from the start, until at least want
@@ -174,7 +177,8 @@ func readTopic(t *testing.T, addr, topic string, want int, timeout time.Duration
 	t.Helper()
 	var out []delivered
 	for _, r := range kafkatest.Read(t, addr, timeout, kafkatest.AtLeastThenQuiet(want, time.Second), topic) {
-		out = append(out, delivered{key: string(r.Key), partition: r.Partition, id: kafkatest.EventID(r)})
+		out = append(out, delivered{key: string(r.Key), partition: r.Partition, id: kafkatest.EventID(r),
+			at: r.Timestamp, source: kafkatest.Headers(r)[outbox.HeaderEventSource]})
 	}
 	return out
 }
