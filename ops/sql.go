@@ -332,6 +332,51 @@ const replaySQL = `WITH win AS MATERIALIZED (
 SELECT (SELECT count(*) FROM upd), coalesce((SELECT min(id) FROM upd), 0), coalesce((SELECT max(id) FROM upd), 0),
   (SELECT count(*) FROM win WHERE wanted AND pending), (SELECT count(*) FROM win), coalesce((SELECT max(id) FROM win), $2)`
 
+// WAL mode (ops/wal.go, ops/walcleanup.go).
+
+// walSlotSQL reads a slot of this database. inactive_since only exists
+// from PG 17: to_jsonb of the row reads it where it exists and yields
+// NULL (and false) elsewhere, in one statement for every version. A
+// catalog view, no index involved.
+const walSlotSQL = `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), coalesce(s.wal_status, ''),
+  s.active, coalesce(s.active_pid, 0), coalesce(s.confirmed_flush_lsn, '0/0'::pg_lsn)::text, s.safe_wal_size,
+  (to_jsonb(s) ->> 'inactive_since')::timestamptz, to_jsonb(s) ? 'inactive_since'
+FROM pg_replication_slots s WHERE s.slot_name = $1 AND s.database = current_database()`
+
+// oldestRowSQL reads the age of the lowest id's row (the primary key).
+const oldestRowSQL = `SELECT coalesce(extract(epoch FROM now() - (SELECT created_at FROM {{outbox}} ORDER BY id LIMIT 1)), 0)::float8`
+
+// walHorizonSQL: the statement's snapshot is taken before
+// pg_current_wal_insert_lsn() is evaluated. The xmin is reduced to its
+// 32-bit xid, what the xmin column holds.
+const walHorizonSQL = `SELECT pg_current_wal_insert_lsn()::text, (pg_snapshot_xmin(pg_current_snapshot())::text::bigint % 4294967296)`
+
+// walConfirmedSQL reports whether the slot ($1) has confirmed $2, and its
+// wal_status; no row when the slot is gone.
+const walConfirmedSQL = `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false), coalesce(wal_status, '')
+FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`
+
+// walCleanupSQL is outboxCleanupSQL for a WAL-mode outbox: among the next
+// $2 rows of the primary key after id $1, it deletes those created before
+// $3 whose inserting transaction precedes xid $4 (modulo 2^32, as
+// Postgres compares xids; '2' is a frozen row's, committed before any
+// running transaction). A misjudged ancient xmin can only keep a row, never
+// delete one committed after the horizon. Served by the primary key.
+const walCleanupSQL = `WITH win AS MATERIALIZED (
+  SELECT id, created_at, xmin AS x FROM {{outbox}}
+  WHERE id > $1
+  ORDER BY id
+  LIMIT $2
+), del AS (
+  DELETE FROM {{outbox}} o
+  WHERE o.id = ANY(ARRAY(SELECT id FROM win WHERE created_at < $3
+    AND (x = '2'::xid OR ((($4::bigint - x::text::bigint) % 4294967296 + 4294967296) % 4294967296) BETWEEN 1 AND 2147483647)))
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM del), (SELECT count(*) FROM win),
+  coalesce((SELECT max(id) FROM win), $1),
+  coalesce((SELECT bool_or(created_at >= $3) FROM win), false)`
+
 var _ = sqltext.Register("ops", map[string]string{
 	"heldRowsSQL": heldRowsSQL, "lagSQL": lagSQL, "heldSQL": heldSQL, "rateSQL": rateSQL, "tableSQL": tableSQL,
 	"serverNowSQL": serverNowSQL, "idRangeSQL": idRangeSQL, "idProbeSQL": idProbeSQL,
@@ -346,6 +391,8 @@ var _ = sqltext.Register("ops", map[string]string{
 	"laterPendingSQL": laterPendingSQL, "lastErrorSQL": lastErrorSQL, "parkSQL": parkSQL,
 	"parkedSQL": parkedSQL, "parkedForUpdateSQL": parkedForUpdateSQL, "unparkSQL": unparkSQL,
 	"replayCountSQL": replayCountSQL, "oldestIDSQL": oldestIDSQL, "replaySQL": replaySQL,
+	"walSlotSQL": walSlotSQL, "oldestRowSQL": oldestRowSQL,
+	"walHorizonSQL": walHorizonSQL, "walConfirmedSQL": walConfirmedSQL, "walCleanupSQL": walCleanupSQL,
 })
 
 // render fills a statement's placeholders ({{outbox}}, {{processed}},

@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/sqltext"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -53,15 +52,6 @@ type WALSlot struct {
 	InactiveSince      time.Time
 	InactiveSinceKnown bool
 }
-
-// walSlotSQL reads a slot of this database. inactive_since only exists
-// from PG 17: to_jsonb of the row reads it where it exists and yields
-// NULL (and false) elsewhere, in one statement for every version. A
-// catalog view, no index involved.
-const walSlotSQL = `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), coalesce(s.wal_status, ''),
-  s.active, coalesce(s.active_pid, 0), coalesce(s.confirmed_flush_lsn, '0/0'::pg_lsn)::text, s.safe_wal_size,
-  (to_jsonb(s) ->> 'inactive_since')::timestamptz, to_jsonb(s) ? 'inactive_since'
-FROM pg_replication_slots s WHERE s.slot_name = $1 AND s.database = current_database()`
 
 // SlotName is the slot of an outbox: slot when given, else the WAL
 // relay's default (walrelay.DefaultName).
@@ -182,9 +172,6 @@ type Table struct {
 	LastVacuum, LastAutovacuum time.Time
 }
 
-// oldestRowSQL reads the age of the lowest id's row (the primary key).
-const oldestRowSQL = `SELECT coalesce(extract(epoch FROM now() - (SELECT created_at FROM {{outbox}} ORDER BY id LIMIT 1)), 0)::float8`
-
 // ReadWALStats reads the slot (which must exist; see ReadWALSlot) and the
 // table.
 func ReadWALStats(ctx context.Context, db Queryer, tables outbox.Tables, slot string) (WALStats, error) {
@@ -220,5 +207,3 @@ func readTable(ctx context.Context, db Queryer, tables outbox.Tables) (Table, er
 	}
 	return t, nil
 }
-
-var _ = sqltext.Register("ops", map[string]string{"walSlotSQL": walSlotSQL, "oldestRowSQL": oldestRowSQL})

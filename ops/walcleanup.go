@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
-	"github.com/pgoutbox/outbox/internal/sqltext"
 )
 
 // Retention of an outbox relayed from the WAL. Its rows keep
@@ -31,39 +30,6 @@ import (
 // older than the retention whose xmin precedes that snapshot xmin. A row
 // committed later, whatever its created_at (a long transaction), waits for
 // the next run.
-
-// walHorizonSQL: the statement's snapshot is taken before
-// pg_current_wal_insert_lsn() is evaluated. The xmin is reduced to its
-// 32-bit xid, what the xmin column holds.
-const walHorizonSQL = `SELECT pg_current_wal_insert_lsn()::text, (pg_snapshot_xmin(pg_current_snapshot())::text::bigint % 4294967296)`
-
-// walConfirmedSQL reports whether the slot ($1) has confirmed $2, and its
-// wal_status; no row when the slot is gone.
-const walConfirmedSQL = `SELECT coalesce(confirmed_flush_lsn >= $2::pg_lsn, false), coalesce(wal_status, '')
-FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`
-
-// walCleanupSQL is outboxCleanupSQL for a WAL-mode outbox: among the next
-// $2 rows of the primary key after id $1, it deletes those created before
-// $3 whose inserting transaction precedes xid $4 (modulo 2^32, as
-// Postgres compares xids; '2' is a frozen row's, committed before any
-// running transaction). A misjudged ancient xmin can only keep a row, never
-// delete one committed after the horizon. Served by the primary key.
-const walCleanupSQL = `WITH win AS MATERIALIZED (
-  SELECT id, created_at, xmin AS x FROM {{outbox}}
-  WHERE id > $1
-  ORDER BY id
-  LIMIT $2
-), del AS (
-  DELETE FROM {{outbox}} o
-  WHERE o.id = ANY(ARRAY(SELECT id FROM win WHERE created_at < $3
-    AND (x = '2'::xid OR ((($4::bigint - x::text::bigint) % 4294967296 + 4294967296) % 4294967296) BETWEEN 1 AND 2147483647)))
-  RETURNING 1
-)
-SELECT (SELECT count(*) FROM del), (SELECT count(*) FROM win),
-  coalesce((SELECT max(id) FROM win), $1),
-  coalesce((SELECT bool_or(created_at >= $3) FROM win), false)`
-
-var _ = sqltext.Register("ops", map[string]string{"walHorizonSQL": walHorizonSQL, "walConfirmedSQL": walConfirmedSQL, "walCleanupSQL": walCleanupSQL})
 
 // walHorizon is a WAL position and the 32-bit xid before which every
 // transaction had committed (or aborted) by then.
