@@ -26,6 +26,11 @@ type Config struct {
 	// schema there and drops it when done. Defaults to libpq's defaults
 	// (PGHOST, PGUSER, ...).
 	DatabaseURL string
+	// WALDatabaseURL is a server with wal_level=logical, and a role with
+	// REPLICATION, for the wal scenario, which compares the polling relay
+	// with the WAL source there. Defaults to a throwaway cluster started
+	// for the scenario (internal/tmppg: initdb and pg_ctl on the PATH).
+	WALDatabaseURL string
 	// Kafka is the broker to publish to. With no Brokers, each run starts
 	// an in-process dev broker (devkafka.Start), so the broker's
 	// memory does not carry over from one run to the next. Defaults to the
@@ -37,7 +42,7 @@ type Config struct {
 	// Writers is the number of concurrent emitting transactions in the emit
 	// and latency scenarios. Defaults to 8.
 	Writers int
-	// Events is the relay scenario's preload. Defaults to 200,000 (5,000
+	// Events is the relay and wal scenarios' preload. Defaults to 200,000 (5,000
 	// with Short).
 	Events int
 	// Aggregates is how many aggregates preloaded events spread over.
@@ -146,6 +151,7 @@ func Scenarios() []Scenario {
 		{"latency", "commit-to-broker-ack latency at a steady emit rate, LISTEN/NOTIFY and poll-only", true, runLatency},
 		{"scale", "claim time and relay throughput with 0, 1M and 10M dispatched rows in the table", true, runScale},
 		{"consumer", "idempotent processing throughput, single and batched", true, runConsumer},
+		{"wal", "polling relay vs WAL source on a wal_level=logical cluster: drain, latency, business tx/s while relaying", false, runWAL},
 		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them", true, runMemory},
 	}
 }
