@@ -238,31 +238,35 @@ func lockCleanup(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables) (conn
 // cleanupOutbox deletes dispatched outbox rows older than cutoff in
 // windows over the primary key, and counts them into tc.
 func cleanupOutbox(ctx context.Context, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, cutoff time.Time, tc *TableCleanup) error {
+	return cleanupOutboxWindows(ctx, c, cfg, log, tc, "poll", render(outboxCleanupSQL, cfg.Tables), cutoff)
+}
+
+// cleanupOutboxWindows runs sql, a window delete over the primary key
+// taking (after id, batch size, args...) and returning (deleted, scanned,
+// last id, reached cutoff), window after window until a short window or
+// the cutoff, pausing cfg.Pause between them, and counts into tc.
+func cleanupOutboxWindows(ctx context.Context, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, tc *TableCleanup, mode, sql string, args ...any) error {
 	start := time.Now()
-	outboxSQL := render(outboxCleanupSQL, cfg.Tables)
+	defer func() { tc.Duration = time.Since(start) }()
 	var after int64
 	for {
 		var deleted, scanned, last int64
 		var reachedCutoff bool
 		batchStart := time.Now()
-		if err := c.QueryRow(ctx, outboxSQL, after, cfg.BatchSize, cutoff).Scan(&deleted, &scanned, &last, &reachedCutoff); err != nil {
-			tc.Duration = time.Since(start)
+		if err := c.QueryRow(ctx, sql, append([]any{after, cfg.BatchSize}, args...)...).Scan(&deleted, &scanned, &last, &reachedCutoff); err != nil {
 			return fmt.Errorf("ops: cleanup of %s after id %d: %w", cfg.Tables.OutboxIdent(), after, err)
 		}
 		tc.Batches++
 		tc.Deleted += deleted
 		after = last
-		log.Debug("cleanup batch", "table", cfg.Tables.OutboxIdent(), "deleted", deleted, "scanned", scanned, "last_id", last, "took", time.Since(batchStart).Round(time.Microsecond))
+		log.Debug("cleanup batch", "table", cfg.Tables.OutboxIdent(), "mode", mode, "deleted", deleted, "scanned", scanned, "last_id", last, "took", time.Since(batchStart).Round(time.Microsecond))
 		if scanned < int64(cfg.BatchSize) || reachedCutoff {
-			break
+			return nil
 		}
 		if !backoff.Sleep(ctx, cfg.Pause) {
-			tc.Duration = time.Since(start)
 			return ctx.Err()
 		}
 	}
-	tc.Duration = time.Since(start)
-	return nil
 }
 
 // cleanupProcessed deletes processed_events rows older than cutoff, oldest

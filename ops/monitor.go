@@ -87,6 +87,28 @@ type Monitor struct {
 	log     *slog.Logger
 }
 
+// durationDefault is a Config duration, its name for errors, and its
+// default.
+type durationDefault struct {
+	name string
+	v    *time.Duration
+	def  time.Duration
+}
+
+// applyDurationDefaults sets each zero duration to its default and refuses
+// a negative one; what names the config in the error.
+func applyDurationDefaults(what string, ds []durationDefault) error {
+	for _, d := range ds {
+		if *d.v < 0 {
+			return fmt.Errorf("ops: %s %s is %s; use a positive duration, or 0 for the default", what, d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	return nil
+}
+
 // NewMonitor validates cfg and applies its defaults.
 func NewMonitor(cfg MonitorConfig) (*Monitor, error) {
 	if cfg.Pool == nil {
@@ -96,24 +118,15 @@ func NewMonitor(cfg MonitorConfig) (*Monitor, error) {
 		return nil, err
 	}
 	cfg.Tables = cfg.Tables.WithDefaults()
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
+	if err := applyDurationDefaults("monitor", []durationDefault{
 		{"RefreshInterval", &cfg.RefreshInterval, DefaultRefreshInterval},
 		{"StuckAfter", &cfg.StuckAfter, DefaultStuckAfter},
 		{"MaxLag", &cfg.MaxLag, DefaultMaxLag},
 		{"WatchdogInterval", &cfg.WatchdogInterval, DefaultWatchdogInterval},
 		{"CleanupInterval", &cfg.CleanupInterval, DefaultCleanupInterval},
 		{"CheckTimeout", &cfg.CheckTimeout, DefaultCheckTimeout},
-	} {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("ops: monitor %s is %s; use a positive duration, or 0 for the default", d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	}); err != nil {
+		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

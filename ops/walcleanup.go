@@ -80,28 +80,5 @@ func waitWALHorizon(ctx context.Context, db Queryer, slot string, wait time.Dura
 // cleanupOutboxWAL deletes the rows older than cutoff committed before
 // h, in windows over the primary key as cleanupOutbox does.
 func cleanupOutboxWAL(ctx context.Context, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, cutoff time.Time, h walHorizon, tc *TableCleanup) error {
-	start := time.Now()
-	sql := render(walCleanupSQL, cfg.Tables)
-	var after int64
-	for {
-		var deleted, scanned, last int64
-		var reachedCutoff bool
-		if err := c.QueryRow(ctx, sql, after, cfg.BatchSize, cutoff, h.xmin).Scan(&deleted, &scanned, &last, &reachedCutoff); err != nil {
-			tc.Duration = time.Since(start)
-			return fmt.Errorf("ops: cleanup of %s after id %d: %w", cfg.Tables.OutboxIdent(), after, err)
-		}
-		tc.Batches++
-		tc.Deleted += deleted
-		after = last
-		log.Debug("cleanup batch", "table", cfg.Tables.OutboxIdent(), "mode", "wal", "deleted", deleted, "scanned", scanned, "last_id", last)
-		if scanned < int64(cfg.BatchSize) || reachedCutoff {
-			break
-		}
-		if !backoff.Sleep(ctx, cfg.Pause) {
-			tc.Duration = time.Since(start)
-			return ctx.Err()
-		}
-	}
-	tc.Duration = time.Since(start)
-	return nil
+	return cleanupOutboxWindows(ctx, c, cfg, log, tc, "wal", render(walCleanupSQL, cfg.Tables), cutoff, h.xmin)
 }

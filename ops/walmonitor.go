@@ -3,7 +3,6 @@ package ops
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -94,22 +93,13 @@ func NewWALMonitor(cfg WALMonitorConfig) (*WALMonitor, error) {
 		return nil, err
 	}
 	cfg.Tables = cfg.Tables.WithDefaults()
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
+	if err := applyDurationDefaults("WAL monitor", []durationDefault{
 		{"RefreshInterval", &cfg.RefreshInterval, DefaultRefreshInterval},
 		{"WatchdogInterval", &cfg.WatchdogInterval, DefaultWatchdogInterval},
 		{"CleanupInterval", &cfg.CleanupInterval, DefaultCleanupInterval},
 		{"CheckTimeout", &cfg.CheckTimeout, DefaultCheckTimeout},
-	} {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("ops: WAL monitor %s is %s; use a positive duration, or 0 for the default", d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
+	}); err != nil {
+		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
