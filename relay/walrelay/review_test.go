@@ -27,7 +27,7 @@ import (
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-// Tests of the defects found in review (README, "Known defects").
+// Tests of the defects found in review (the README lists what remains as "Known limits").
 
 func (b *bundle) insert(t *testing.T, typ, payload string) int64 {
 	t.Helper()
