@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -162,4 +164,26 @@ func checkOrder(t *testing.T, recs []*kgo.Record, want map[int64]bool) int {
 		require.True(t, seen[id], "event %d never published", id)
 	}
 	return dups
+}
+
+// holdSlot sets up the outbox's slot and streams from it on a replication
+// connection of its own, named appName when not empty, as another reader
+// would: the slot is active until the connection closes (at the end of
+// the test, or earlier by the caller).
+func (b *bundle) holdSlot(t *testing.T, appName string) *pgconn.PgConn {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, walrelay.Setup(ctx, b.db.Pool, b.db.Tables, b.slot, b.slot))
+	cfg, err := pgconn.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.RuntimeParams["replication"] = "database"
+	if appName != "" {
+		cfg.RuntimeParams["application_name"] = appName
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	require.NoError(t, pglogrepl.StartReplication(ctx, conn, b.slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + b.slot + "'"}}))
+	return conn
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -351,16 +350,7 @@ func TestNewLeaderWaitsOutAPreviousLeadersStream(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	require.NoError(t, walrelay.Setup(ctx, b.db.Pool, b.db.Tables, b.slot, b.slot))
-	cfg, err := pgconn.ParseConfig(b.db.URL)
-	require.NoError(t, err)
-	cfg.RuntimeParams["replication"] = "database"
-	cfg.RuntimeParams["application_name"] = "outbox-wal stream old"
-	old, err := pgconn.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer old.Close(ctx)
-	require.NoError(t, pglogrepl.StartReplication(ctx, old, b.slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + b.slot + "'"}}))
+	old := b.holdSlot(t, "outbox-wal stream old")
 
 	var stepDowns atomic.Int64
 	logger := slog.New(countingHandler{slog.Default().Handler(), "still read by a relayer's stream", &stepDowns})

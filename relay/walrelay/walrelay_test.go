@@ -11,9 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
@@ -326,20 +324,11 @@ func TestSlotReadByAnotherProcessIsAClearError(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	require.NoError(t, walrelay.Setup(ctx, b.db.Pool, b.db.Tables, b.slot, b.slot))
-	// A replication connection holds the slot for as long as it streams.
-	cfg, err := pgconn.ParseConfig(b.db.URL)
-	require.NoError(t, err)
-	cfg.RuntimeParams["replication"] = "database"
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	require.NoError(t, pglogrepl.StartReplication(ctx, conn, b.slot, 0, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names '" + b.slot + "'"}}))
+	b.holdSlot(t, "")
 	r := b.relayer(t, func(c *walrelay.Config) { c.SlotBusyTimeout = 300 * time.Millisecond })
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	err = r.Run(rctx)
+	err := r.Run(rctx)
 	require.ErrorIs(t, err, walrelay.ErrSlotBusy)
 	require.Contains(t, err.Error(), "pg_terminate_backend")
 }
