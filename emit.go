@@ -46,18 +46,27 @@ type Config struct {
 	// the topics' max.message.bytes. Defaults to DefaultMaxRecordBytes
 	// (1048588, Kafka's default message.max.bytes).
 	MaxRecordBytes int
+	// Mode is how an event is written: a row (ModeInsert, read by both
+	// relay sources), a row deleted in the same transaction
+	// (ModeInsertDelete) or a logical message (ModeMessage); the last two
+	// are published by the WAL source only. Defaults to ModeInsert.
+	Mode Mode
 	// DisableAggregateLock turns off the per-aggregate advisory lock. With
 	// it off, two transactions emitting for one aggregate may commit out of
-	// id order, and the relayer may then publish them out of commit order.
-	// Turn it off only when no consumer relies on per-aggregate order.
-	// Defaults to false (lock on).
+	// id order, and the polling relayer may then publish them out of
+	// commit order. The WAL source publishes in commit order without it:
+	// with ModeInsert and only `outbox relay --mode wal`, turning it off
+	// costs no order (the WAL-only modes never take it). Otherwise turn it
+	// off only when no consumer relies on per-aggregate order. Defaults to
+	// false (lock on).
 	DisableAggregateLock bool
 	// LockBuckets is the number of advisory lock keys aggregates hash into.
 	// Defaults to DefaultLockBuckets.
 	LockBuckets int
 	// DisableNotify stops Emit from sending a NOTIFY that wakes idle
 	// relayers at commit. With it off, relayers find new rows at their poll
-	// interval. Defaults to false (notify on).
+	// interval. The WAL source does not listen: with it, turn NOTIFY off
+	// (the WAL-only modes never send it). Defaults to false (notify on).
 	DisableNotify bool
 	// NotifyInterval is the least time between two NOTIFYs of this
 	// Producer; an Emit within it of the last one that notified does not
@@ -93,8 +102,12 @@ type Producer struct {
 	lockNS  int32
 	channel string
 	// The statements (sql.go), indexed by whether they notify: one for a
-	// single event, one for a batch.
-	oneSQL, batchSQL [2]string
+	// single event, one for a batch. In the WAL-only modes only [0] is
+	// used, and deleteOne and deleteBatch follow ModeInsertDelete's
+	// inserts.
+	oneSQL, batchSQL       [2]string
+	deleteOne, deleteBatch string
+	prefix                 string // ModeMessage's
 
 	epoch      time.Time
 	lastNotify atomic.Int64 // nanoseconds since epoch, 0 before the first
@@ -124,6 +137,13 @@ func NewProducer(cfg Config) (*Producer, error) {
 			return nil, fmt.Errorf("outbox: TopicPrefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
 		}
 	}
+	if cfg.Mode < ModeInsert || cfg.Mode > ModeMessage {
+		return nil, fmt.Errorf("outbox: Mode is %d; use ModeInsert, ModeInsertDelete or ModeMessage", int(cfg.Mode))
+	}
+	if cfg.Mode.WALOnly() {
+		cfg.DisableAggregateLock = true
+		cfg.DisableNotify = true
+	}
 	switch {
 	case cfg.NotifyInterval == 0:
 		cfg.NotifyInterval = DefaultNotifyInterval
@@ -145,6 +165,15 @@ func NewProducer(cfg Config) (*Producer, error) {
 		p.oneSQL = [2]string{sqltext.Render(insertOneLockSQL, ids), sqltext.Render(insertOneLockNotifySQL, ids)}
 	}
 	p.batchSQL = [2]string{sqltext.Render(insertBatchSQL, ids), sqltext.Render(insertBatchNotifySQL, ids)}
+	switch cfg.Mode {
+	case ModeInsertDelete:
+		p.deleteOne = sqltext.Render(deleteOneSQL, ids)
+		p.deleteBatch = sqltext.Render(deleteBatchSQL, ids)
+	case ModeMessage:
+		p.oneSQL[0] = sqltext.Render(messageOneSQL, ids)
+		p.batchSQL[0] = sqltext.Render(messageBatchSQL, ids)
+		p.prefix = cfg.Tables.MessagePrefix()
+	}
 	return p, nil
 }
 
@@ -174,6 +203,18 @@ func (p *Producer) Config() Config { return p.cfg }
 // When ctx holds a span (OpenTelemetry), its trace context is added to the
 // event's headers (see Config.Propagator).
 func (p *Producer) Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
+	if p.cfg.Mode == ModeInsertDelete {
+		// The insert and its delete in one round trip.
+		b := &pgx.Batch{}
+		q, err := p.QueueEmitContext(ctx, b, ev)
+		if err != nil {
+			return 0, err
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return 0, err
+		}
+		return q.ID, nil
+	}
 	sql, args, err := p.prepareOne(ctx, ev)
 	if err != nil {
 		return 0, err
@@ -200,7 +241,8 @@ type Queued struct {
 // on batch, to go to the database with the statements queued beside it
 // (tx.SendBatch(ctx, batch) in the transaction that makes your business
 // writes). The event exists iff that transaction commits. An invalid event
-// returns its error here and queues nothing.
+// returns its error here and queues nothing. In ModeInsertDelete it queues
+// two statements, the insert and its delete.
 //
 //	batch := &pgx.Batch{}
 //	batch.Queue("INSERT INTO orders (id, customer) VALUES ($1, $2)", id, customer)
@@ -228,6 +270,9 @@ func (p *Producer) QueueEmitContext(ctx context.Context, batch *pgx.Batch, ev Ev
 		}
 		return nil
 	})
+	if p.cfg.Mode == ModeInsertDelete {
+		batch.Queue(p.deleteOne)
+	}
 	return q, nil
 }
 
@@ -245,6 +290,9 @@ func (p *Producer) prepareOne(ctx context.Context, ev Event) (string, []any, err
 		return "", nil, err
 	}
 	args := []any{ev.AggregateID.String(), ev.Type, string(payload), hdr}
+	if p.cfg.Mode == ModeMessage {
+		return p.oneSQL[0], append(args, p.prefix), nil
+	}
 	if !p.cfg.DisableAggregateLock {
 		args = append(args, p.lockNS, p.lockKey(ev.AggregateID))
 	}
@@ -278,6 +326,11 @@ func (p *Producer) EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) ([]
 	if err != nil {
 		return nil, p.insertErr(err)
 	}
+	if p.cfg.Mode == ModeInsertDelete {
+		if _, err := tx.Exec(ctx, p.deleteBatch, ids); err != nil {
+			return nil, p.deleteErr(err)
+		}
+	}
 	return p.orderIDs(ids, len(events))
 }
 
@@ -291,6 +344,9 @@ func (p *Producer) EmitSQL(ctx context.Context, tx *sql.Tx, ev Event) (int64, er
 	ids, err := p.collectSQL(ctx, tx, query, args, 1)
 	if err == nil {
 		ids, err = p.orderIDs(ids, 1)
+	}
+	if err == nil {
+		err = p.deleteSQL(ctx, tx, ids)
 	}
 	if err != nil {
 		return 0, err
@@ -308,7 +364,29 @@ func (p *Producer) EmitBatchSQL(ctx context.Context, tx *sql.Tx, events []Event)
 	if err != nil {
 		return nil, err
 	}
+	if err := p.deleteSQL(ctx, tx, ids); err != nil {
+		return nil, err
+	}
 	return p.orderIDs(ids, len(events))
+}
+
+// deleteSQL deletes the rows just inserted, in ModeInsertDelete.
+func (p *Producer) deleteSQL(ctx context.Context, tx *sql.Tx, ids []int64) error {
+	if p.cfg.Mode != ModeInsertDelete {
+		return nil
+	}
+	lit := make([]string, len(ids))
+	for i, id := range ids {
+		lit[i] = strconv.FormatInt(id, 10)
+	}
+	if _, err := tx.ExecContext(ctx, p.deleteBatch, "{"+strings.Join(lit, ",")+"}"); err != nil {
+		return p.deleteErr(err)
+	}
+	return nil
+}
+
+func (p *Producer) deleteErr(err error) error {
+	return fmt.Errorf("outbox: delete the rows just inserted from %s (ModeInsertDelete): %w", p.cfg.Tables.OutboxIdent(), err)
 }
 
 // collectSQL runs an insert through database/sql and reads its ids (n is
@@ -378,6 +456,12 @@ func (p *Producer) prepare(ctx context.Context, events []Event, text bool) (stri
 	keys = slices.Compact(keys)
 	if keys == nil {
 		keys = []int32{}
+	}
+	if p.cfg.Mode == ModeMessage {
+		if text {
+			return p.batchSQL[0], []any{textArrayLiteral(aggs), textArrayLiteral(types), textArrayLiteral(payloads), textArrayLiteral(headers), p.prefix}, nil
+		}
+		return p.batchSQL[0], []any{aggs, types, payloads, headers, p.prefix}, nil
 	}
 	args := []any{p.lockNS, keys, aggs, types, payloads, headers}
 	if text {

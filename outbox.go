@@ -116,6 +116,14 @@ func (t Tables) Channel() string {
 	return lockkey.Channel(t.Schema, t.Outbox)
 }
 
+// MessagePrefix is the prefix of the logical decoding messages that carry
+// this outbox's events in ModeMessage: "outbox:<schema>.<table>". The WAL
+// source reads the events of its outbox from the messages with it.
+func (t Tables) MessagePrefix() string {
+	t = t.WithDefaults()
+	return "outbox:" + t.Schema + "." + t.Outbox
+}
+
 // LockNamespace is the first key of the two-key advisory locks Emit takes,
 // fixed per outbox table so they cannot collide with an application's own
 // single-key advisory locks nor with another outbox's. Every advisory-lock

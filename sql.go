@@ -73,7 +73,45 @@ SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb FROM pre
 RETURNING id`
 )
 
+// The WAL-only modes take no advisory lock and send no NOTIFY: the WAL
+// source publishes in commit order and does not listen.
+//
+// ModeInsertDelete inserts with the statements above and then deletes the
+// rows it inserted (by primary key): a data-modifying CTE cannot see the
+// rows its sibling inserts, hence a second statement. After a single
+// insert, currval is the id this session just drew, which lets Emit send
+// both statements in one round trip. $1 the ids (deleteBatchSQL).
+const (
+	deleteOneSQL   = `DELETE FROM {{outbox}} WHERE id = currval('{{id_seq}}')`
+	deleteBatchSQL = `DELETE FROM {{outbox}} WHERE id = ANY($1::int8[])`
+)
+
+// ModeMessage writes one transactional logical message per event, whose
+// content walrelay decodes (walrelay.MessagePrefix documents it). The id
+// comes from the outbox's sequence, so that it never equals a row's. The
+// batch draws ids and writes messages in input order: a nested loop over
+// the ordered subquery, one message per row, so the WAL holds them (and
+// the WAL source publishes them) in that order. Parameters: $1 aggregate,
+// $2 type, $3 payload, $4 headers ("" for none), as arrays for the batch,
+// then $5 the prefix.
+const (
+	messageOneSQL = `SELECT e.id FROM (SELECT nextval('{{id_seq}}') AS id) e,
+LATERAL pg_logical_emit_message(true, $5::text, json_build_object('id', e.id, 'aggregate_id', $1::uuid, 'type', $2::text,
+  'payload', $3::text::jsonb, 'headers', NULLIF($4::text, '')::jsonb)::text) m`
+
+	messageBatchSQL = `SELECT s.id FROM (
+  SELECT nextval('{{id_seq}}') AS id, e.aggregate_id, e.type, e.payload, e.headers, e.ord
+  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, ord)
+  ORDER BY e.ord
+) s,
+LATERAL pg_logical_emit_message(true, $5::text, json_build_object('id', s.id, 'aggregate_id', s.aggregate_id, 'type', s.type,
+  'payload', s.payload::jsonb, 'headers', NULLIF(s.headers, '')::jsonb)::text) m
+ORDER BY s.ord`
+)
+
 var _ = sqltext.Register("outbox", map[string]string{
+	"deleteOneSQL": deleteOneSQL, "deleteBatchSQL": deleteBatchSQL,
+	"messageOneSQL": messageOneSQL, "messageBatchSQL": messageBatchSQL,
 	"insertBatchSQL": insertBatchSQL, "insertBatchNotifySQL": insertBatchNotifySQL,
 	"insertOneSQL": insertOneSQL, "insertOneLockSQL": insertOneLockSQL,
 	"insertOneNotifySQL": insertOneNotifySQL, "insertOneLockNotifySQL": insertOneLockNotifySQL,

@@ -43,6 +43,10 @@ type Idents struct {
 	// both named <outbox>_guard.
 	GuardFn      string // {{guard_fn}}: <schema>.<outbox>_guard
 	GuardTrigger string // {{guard_trigger}}: the trigger on the outbox table
+	// IDSeq is the sequence of the outbox's id column (BIGSERIAL, so
+	// <outbox>_id_seq: Tables.Validate keeps the name short enough that
+	// Postgres does not cut it). The WAL-only emit modes draw ids from it.
+	IDSeq string // {{id_seq}}
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -66,6 +70,7 @@ func For(schema, outbox, processed string) Idents {
 		Channel:        "'" + lockkey.Channel(schema, outbox) + "'", // hex digits only: nothing to escape
 		GuardFn:        q(outbox + "_guard"),
 		GuardTrigger:   pgident.Quote(trim(outbox + "_guard")),
+		IDSeq:          q(outbox + "_id_seq"),
 	}
 }
 
@@ -106,6 +111,8 @@ func (ids Idents) lookup(name string) string {
 		return ids.GuardFn
 	case "guard_trigger":
 		return ids.GuardTrigger
+	case "id_seq":
+		return ids.IDSeq
 	}
 	return ""
 }

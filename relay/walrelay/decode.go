@@ -36,11 +36,10 @@ import (
 //	    'aggregate_id', $1::uuid, 'type', $2::text, 'payload', $3::jsonb,
 //	    'headers', $4::jsonb)::text);
 //
-// The payload is published as the JSON text of its field.
-func MessagePrefix(t outbox.Tables) string {
-	t = t.WithDefaults()
-	return "outbox:" + t.Schema + "." + t.Outbox
-}
+// The payload is published as the JSON text of its field. A Producer
+// with outbox.ModeMessage writes exactly this; the SQL above is for other
+// producers. It is t.MessagePrefix().
+func MessagePrefix(t outbox.Tables) string { return t.MessagePrefix() }
 
 // item is one event read from the WAL on its way to the broker. err is set
 // when it cannot be published (it is parked); rawHeaders keep the headers
