@@ -8,3 +8,6 @@ func Validate(p *Producer, ev Event) error {
 	_, _, err := p.validate(ev)
 	return err
 }
+
+// DeleteOneSQL is ModeInsertDelete's delete after a single insert.
+func DeleteOneSQL(p *Producer) string { return p.deleteOne }

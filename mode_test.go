@@ -133,3 +133,31 @@ func TestIDSequenceOfLongestTableName(t *testing.T) {
 		tables.OutboxIdent(), pgx.Identifier{tables.Schema, tables.Outbox + "_id_seq"}.Sanitize()).Scan(&same))
 	require.True(t, same, "the id column's sequence")
 }
+
+// ModeInsertDelete's delete after a single insert finds its row through
+// the primary key, however many rows the table holds (other producers'
+// plain inserts, rows before a switch of source): currval is volatile, and
+// compared bare it would be evaluated per row, a sequential scan.
+func TestInsertDeleteUsesThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := setup(t, outbox.Config{Mode: outbox.ModeInsertDelete})
+	_, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Tables.OutboxIdent()+` (aggregate_id, type, payload)
+		SELECT gen_random_uuid(), 'order.placed', '{}' FROM generate_series(1, 5000)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `ANALYZE `+db.Tables.OutboxIdent())
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, err := p.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 1})
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, `EXPLAIN `+outbox.DeleteOneSQL(p))
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		joined := strings.Join(lines, "\n")
+		require.Contains(t, joined, "Index Scan using", joined)
+		require.NotContains(t, joined, "Seq Scan", joined)
+		return nil
+	}))
+	require.Equal(t, 5000, countRows(t, db))
+}

@@ -80,9 +80,12 @@ RETURNING id`
 // rows it inserted (by primary key): a data-modifying CTE cannot see the
 // rows its sibling inserts, hence a second statement. After a single
 // insert, currval is the id this session just drew, which lets Emit send
-// both statements in one round trip. $1 the ids (deleteBatchSQL).
+// both statements in one round trip; it is volatile, so it goes in a
+// subquery (one InitPlan) for the primary key to serve the delete: as a
+// bare comparison it is evaluated per row, a sequential scan. $1 the ids
+// (deleteBatchSQL).
 const (
-	deleteOneSQL   = `DELETE FROM {{outbox}} WHERE id = currval('{{id_seq}}')`
+	deleteOneSQL   = `DELETE FROM {{outbox}} WHERE id = (SELECT currval('{{id_seq}}'))`
 	deleteBatchSQL = `DELETE FROM {{outbox}} WHERE id = ANY($1::int8[])`
 )
 
