@@ -46,20 +46,26 @@
 //
 // # Emit modes
 //
-// Three ways to write an event, all read by this source:
+// Three ways to write an event (outbox.Config.Mode), all read by this
+// source:
 //
-//   - Plain insert (outbox.Emit, the SQL emit function, INSERT): rows stay
-//     in the table with dispatched_at NULL, which this source never sets.
-//     The WAL, not the row, is what gets published; ops.Cleanup (with
-//     CleanupConfig.WALSlot, as `outbox cleanup` sets it) deletes rows past
-//     retention once the slot has confirmed them, keeping the rows a lost
-//     slot's gap would be republished from.
-//   - Insert and delete in the same transaction: the table stays empty;
-//     the publication carries inserts only, so the delete is not
-//     published.
-//   - A transactional logical message (MessagePrefix documents the
-//     format): no table row at all; the event's id comes from the outbox's
-//     sequence.
+//   - outbox.ModeInsert, a plain insert (Emit, the SQL emit function,
+//     INSERT): rows stay in the table with dispatched_at NULL, which this
+//     source never sets. The WAL, not the row, is what gets published;
+//     ops.Cleanup (with CleanupConfig.WALSlot, as `outbox cleanup` sets
+//     it) deletes rows past retention once the slot has confirmed them,
+//     keeping the rows a lost slot's gap would be republished from. With
+//     this source only, the producer needs neither the per-aggregate lock
+//     nor NOTIFY (outbox.Config.DisableAggregateLock, DisableNotify).
+//   - outbox.ModeInsertDelete, insert and delete in the same transaction:
+//     the table stays empty; the publication carries inserts only, so the
+//     delete is not published.
+//   - outbox.ModeMessage, a transactional logical message (MessagePrefix
+//     documents the format, for producers outside Go): no table row at
+//     all; the event's id comes from the outbox's sequence.
+//
+// The last two leave nothing for the polling relay, nor for a gap to be
+// republished from if the slot is lost.
 //
 // # Poison events
 //
