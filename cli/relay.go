@@ -54,8 +54,10 @@ exit 0. Database and broker outages are retried with backoff.
 (wal_level=logical; the role needs REPLICATION): no UPDATE per event, order
 by commit even for producers that take no lock. It creates the publication
 and the slot (--publication, --slot; default outbox_<table>) when missing;
---teardown drops them and exits. Replicas elect one reader; the others take
-over within --leader-poll-interval of its death.`,
+--setup-only creates them, prints them and exits; --teardown drops them
+and exits ('outbox switch' moves an outbox between the two sources).
+Replicas elect one reader; the others take over within
+--leader-poll-interval of its death.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			o.cleanupBatchFlag = flagAsGiven(c.Flags(), "cleanup-batch-size", "cleanup-batch")
@@ -107,8 +109,14 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 			return err
 		}
 	case "wal":
+		if err := o.wal.oneAction(); err != nil {
+			return err
+		}
 		if o.wal.teardown {
 			return runWALTeardown(ctx, g, o, log)
+		}
+		if o.wal.setupOnly {
+			return runWALSetupOnly(ctx, g, o)
 		}
 	default:
 		return fmt.Errorf("--mode %q: use poll (the default) or wal", o.mode)

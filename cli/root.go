@@ -131,6 +131,7 @@ Configuration comes from flags, with environment fallbacks:
 		newEventsCmd(g),
 		newWatchdogCmd(g),
 		newCleanupCmd(g),
+		newSwitchCmd(g),
 		newBenchCmd(g),
 	)
 	warnOnStderr(root, stderr)

@@ -21,6 +21,7 @@ import (
 type walOptions struct {
 	slot, publication string
 	teardown          bool
+	setupOnly         bool
 	cfg               walrelay.Config
 	maxSlotLagBytes   int64
 	maxSlotInactive   time.Duration
@@ -30,6 +31,7 @@ func (w *walOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&w.slot, "slot", "", "--mode wal: the logical replication slot to read (default outbox_<table>, outbox_<schema>_<table> outside public)")
 	f.StringVar(&w.publication, "publication", "", "--mode wal: the publication of the outbox's inserts (default: the slot's default name)")
 	f.BoolVar(&w.teardown, "teardown", false, "--mode wal: drop the slot and the publication, then exit (stop the relayers first)")
+	f.BoolVar(&w.setupOnly, "setup-only", false, "--mode wal: create the publication and the slot as the relay does at start, print them, and exit (moving from polling: see 'outbox switch to-wal')")
 	durationVar(f, &w.cfg.HeartbeatInterval, "heartbeat-interval", walrelay.DefaultHeartbeatInterval, "--mode wal: how often the leader writes a heartbeat message so the slot advances while the outbox is idle")
 	f.Int64Var(&w.maxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "--mode wal: the watchdog job warns when the slot is further behind than this many bytes of WAL")
 	durationVar(f, &w.maxSlotInactive, "max-slot-inactive", ops.DefaultStuckAfter, "--mode wal: the watchdog job warns when the slot has had no reader for longer (PG 17+, which records since when)")
@@ -39,8 +41,16 @@ func (w *walOptions) register(f *pflag.FlagSet) {
 
 // onlyForWAL refuses the WAL flags with --mode poll.
 func (w *walOptions) onlyForWAL() error {
-	if w.slot != "" || w.publication != "" || w.teardown {
-		return errors.New("--slot, --publication and --teardown belong to --mode wal; add --mode wal, or drop them")
+	if w.slot != "" || w.publication != "" || w.teardown || w.setupOnly {
+		return errors.New("--slot, --publication, --teardown and --setup-only belong to --mode wal; add --mode wal, or drop them")
+	}
+	return nil
+}
+
+// oneAction refuses --setup-only with --teardown.
+func (w *walOptions) oneAction() error {
+	if w.setupOnly && w.teardown {
+		return errors.New("--setup-only and --teardown conflict: one creates the slot and the publication, the other drops them; give one")
 	}
 	return nil
 }
@@ -72,6 +82,38 @@ func runWALTeardown(ctx context.Context, g *globals, o *relayOptions, log *slog.
 		return err
 	}
 	log.Info("dropped the replication slot and the publication", "slot", slot, "publication", pub)
+	return nil
+}
+
+// runWALSetupOnly creates the publication and the slot (walrelay.Setup,
+// as the relay does at start) and says what it created, where the slot
+// starts, and what a polling relayer has left to dispatch before the WAL
+// source may start.
+func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
+	pool, t, err := g.opsPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	s, err := ops.SetupWAL(ctx, pool, t, o.wal.slot, o.wal.publication)
+	if err != nil {
+		return err
+	}
+	printWALSetup(g, t, s)
+	if s.ReaderPID != 0 {
+		return nil // the WAL source runs: rows say nothing of what is pending
+	}
+	cut, pending, err := ops.ReadWALCut(ctx, pool, t)
+	if err != nil {
+		return err
+	}
+	start := relayCommand(t, "--mode wal", o.wal.slot, o.wal.publication)
+	if pending == 0 {
+		fmt.Fprintf(g.stdout, "no row up to id %d (the cut) is pending: nothing older than the slot waits for a polling relayer; stop any polling relayer (SIGTERM), then start %s\n", cut, start)
+	} else {
+		fmt.Fprintf(g.stdout, "%d row(s) up to id %d (the cut) are pending: an event the slot lacks has an id at most the cut, so let the polling relayers dispatch them first ('outbox switch to-wal' waits for that), then stop them (SIGTERM) and start %s\n", pending, cut, start)
+	}
+	fmt.Fprintln(g.stdout, "Until a WAL relayer reads it, the slot keeps WAL on the server's disk.")
 	return nil
 }
 

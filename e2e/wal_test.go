@@ -1,11 +1,14 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -412,78 +415,61 @@ func TestWALFailoverToStandbyProcess(t *testing.T) {
 	require.Less(t, takeover, 15*time.Second, "takeover within the leader poll interval plus the slot's release")
 }
 
-// The switch between sources, as the README documents it (the SQL is
-// the README's).
-const (
-	// Poll -> WAL, step 1: what `outbox relay --mode wal` would create at
-	// start (walrelay.Setup), created while the polling relay still runs.
-	switchCreatePublication = `CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')`
-	switchCreateSlot        = `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`
-	// Step 2: every event the slot does not hold was committed before
-	// the slot existed, so it is visible now, with an id at most this.
-	switchCut = `SELECT coalesce(max(id), 0) FROM %s`
-	// Step 3: wait until the polling relay has dispatched all of them.
-	switchPendingUpToCut = `SELECT count(*) FROM %s WHERE dispatched_at IS NULL AND id <= $1`
-	// WAL -> poll, in one REPEATABLE READ transaction: its snapshot is
-	// taken by the first statement, so the WAL position read by it is
-	// past the commit of every row the snapshot sees ...
-	switchSnapshotLSN = `SELECT pg_current_wal_insert_lsn()`
-	// ... once the slot is confirmed past that position (the broker has
-	// all of those rows) ...
-	switchCaughtUp = `SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2`
-	// ... mark them dispatched; the UPDATE sees only the snapshot's rows.
-	switchMarkDispatched = `UPDATE %s SET dispatched_at = now() WHERE dispatched_at IS NULL`
-)
+// switchReport runs `outbox switch <direction> --json` on the test's
+// outbox, as an operator would, and returns its report; the test fails
+// unless it exits 0 (it gives up itself after timeout, saying why). The
+// command's log (progress, and which database it connected to) goes to
+// the test's log.
+func (w *walBundle) switchReport(t *testing.T, direction string, timeout time.Duration) map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, binary, "switch", direction, "--database-url", w.db.URL, "--schema", w.db.Tables.Schema,
+		"--timeout", timeout.String(), "--json")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Env = append(os.Environ(), "DATABASE_URL=", "KAFKA_BROKERS=")
+	err := cmd.Run()
+	t.Logf("outbox switch %s: %s", direction, strings.TrimSpace(stderr.String()))
+	require.NoError(t, err, "outbox switch %s; stdout:\n%s\nstderr:\n%s", direction, stdout.String(), stderr.String())
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &rep), "outbox switch %s --json: %s", direction, stdout.String())
+	return rep
+}
 
 // Switching from the polling relay to the WAL source and back, with
-// producers writing throughout, by the README's procedure: every event
-// arrives, first deliveries keep per-aggregate order, and the duplicates
-// are counted by the switch that made them.
+// producers writing throughout, by the README's procedure: `outbox switch
+// to-wal` and `outbox switch to-poll` do the database's steps and the
+// test stops and starts the relayers between them. Every event arrives,
+// first deliveries keep per-aggregate order, and the duplicates are
+// counted by the switch that made them.
 func TestSwitchPollToWALAndBackLosesNothing(t *testing.T) {
 	t.Parallel()
 	began := time.Now()
-	ctx := context.Background()
 	w := walSetup(t)
-	table := w.db.Tables.OutboxIdent()
 	poll1 := start(t, relayArgs(w.db, w.broker.Addr(), "--source", "poll-1")...)
 	stop := make(chan struct{})
 	done := make(chan *load, 1)
 	go func() { done <- produce(t, w.db, 1_000_000, 40*time.Millisecond, stop) }()
 	time.Sleep(time.Second)
 
-	// Poll -> WAL.
+	// Poll -> WAL: the command creates the slot and waits until the
+	// polling relayer has dispatched everything up to the cut.
 	switched := time.Now()
-	_, err := w.db.Pool.Exec(ctx, fmt.Sprintf(switchCreatePublication, pgx.Identifier{w.slot}.Sanitize(), table))
-	require.NoError(t, err)
-	_, err = w.db.Pool.Exec(ctx, switchCreateSlot, w.slot)
-	require.NoError(t, err)
-	var cut int64
-	require.NoError(t, w.db.Pool.QueryRow(ctx, fmt.Sprintf(switchCut, table)).Scan(&cut))
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, w.db.Pool.QueryRow(ctx, fmt.Sprintf(switchPendingUpToCut, table), cut).Scan(&n))
-		return n == 0
-	}, 60*time.Second, 20*time.Millisecond, "the polling relay never dispatched the events before the slot; output:\n%s", poll1.out.String())
+	toWAL := w.switchReport(t, "to-wal", 60*time.Second)
+	require.Equal(t, w.slot, toWAL["slot"])
+	require.Equal(t, true, toWAL["slot_created"])
 	poll1.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, poll1.wait(t, 30*time.Second), "SIGTERM exits 0; output:\n%s", poll1.out.String())
 	wal := start(t, w.walArgs("wal")...)
 	pollToWAL := time.Since(switched)
 	time.Sleep(1500 * time.Millisecond)
 
-	// WAL -> poll.
+	// WAL -> poll: the command marks what the slot confirmed, while the
+	// WAL relayer runs.
 	switched = time.Now()
-	tx, err := w.db.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	require.NoError(t, err)
-	var lsn string
-	require.NoError(t, tx.QueryRow(ctx, switchSnapshotLSN).Scan(&lsn))
-	require.Eventually(t, func() bool {
-		var ok bool
-		require.NoError(t, w.db.Pool.QueryRow(ctx, switchCaughtUp, lsn, w.slot).Scan(&ok))
-		return ok
-	}, 60*time.Second, 20*time.Millisecond, "the slot never passed %s; wal relayer output:\n%s", lsn, wal.out.String())
-	tag, err := tx.Exec(ctx, fmt.Sprintf(switchMarkDispatched, table))
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(ctx))
+	toPoll := w.switchReport(t, "to-poll", 60*time.Second)
+	require.Equal(t, w.slot, toPoll["slot"])
 	wal.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, wal.wait(t, 30*time.Second), "SIGTERM exits 0; output:\n%s", wal.out.String())
 	td := start(t, w.walArgs("wal", "--teardown")...)
@@ -516,9 +502,16 @@ func TestSwitchPollToWALAndBackLosesNothing(t *testing.T) {
 	for _, s := range []string{"poll-1", "wal", "poll-2"} {
 		require.Positive(t, by[s], "%s published events", s)
 	}
-	t.Logf("switch poll->wal->poll, %d events (%d by plain INSERT): %d records (poll-1 %d, wal %d, poll-2 %d), 0 lost, 0 order violations, %d duplicates (%v); poll->wal took %s, wal->poll %s (%d rows marked dispatched); %s",
+	seconds := func(rep map[string]any, key string) time.Duration {
+		return time.Duration(rep[key].(float64) * float64(time.Second)).Round(time.Millisecond)
+	}
+	count := func(rep map[string]any, key string) int64 { return int64(rep[key].(float64)) }
+	t.Logf("switch poll->wal->poll, %d events (%d by plain INSERT): %d records (poll-1 %d, wal %d, poll-2 %d), 0 lost, 0 order violations, %d duplicates (%v); "+
+		"poll->wal took %s (to-wal waited %s for %d rows up to the cut), wal->poll %s (to-poll: relayer caught up in %s, marking transaction %s, %d rows marked dispatched); %s",
 		l.events, l.plain, len(got), by["poll-1"], by["wal"], by["poll-2"], dups, dupBy,
-		pollToWAL.Round(time.Millisecond), walToPoll.Round(time.Millisecond), tag.RowsAffected(), time.Since(began).Round(100*time.Millisecond))
+		pollToWAL.Round(time.Millisecond), seconds(toWAL, "waited_seconds"), count(toWAL, "pending_at_cut"),
+		walToPoll.Round(time.Millisecond), seconds(toPoll, "catch_up_seconds"), seconds(toPoll, "transaction_seconds"), count(toPoll, "marked"),
+		time.Since(began).Round(100*time.Millisecond))
 }
 
 // explainLoss fails the test, saying what is known of them, when committed
