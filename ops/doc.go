@@ -16,10 +16,11 @@
 // it; the relayer records each permanent failure in the <outbox>_failures
 // table (migration 2), where Check finds it.
 //
-// For an outbox relayed from the WAL (package relay/walrelay): the slot's
-// figures (ReadWALSlot, ReadWALStats, WALMonitor, whose metrics include the slot's lag in
-// bytes and seconds), cleanup behind the slot's confirmed position
-// (CleanupConfig.WALSlot), and the database's part of switching an outbox
-// between the two sources without losing an event (PrepareSwitchToWAL,
-// PrepareSwitchToPoll, SetupWAL; `outbox switch`).
+// For an outbox relayed from the WAL (package relay/walrelay): the
+// slot's figures (ReadWALSlot, ReadWALStats, and WALMonitor, whose
+// metrics include the slot's lag in bytes and seconds), cleanup behind
+// the slot's confirmed position (CleanupConfig.WALSlot), and the
+// database's part of switching an outbox between the two sources without
+// losing an event (PrepareSwitchToWAL, PrepareSwitchToPoll, SetupWAL;
+// `outbox switch`).
 package ops
