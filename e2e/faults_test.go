@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -130,7 +131,13 @@ func TestRelayerReconnectsAfterTerminatedConnections(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	app := fmt.Sprintf("outbox_e2e_%d", rand.Int64()) // under 64 bytes, or the server truncates it
-	p := start(t, relayArgs(db, b.Addr(), "--database-url", db.URL+"&application_name="+app)...)
+	p := start(t, relayArgs(db, b.Addr(), "--database-url", db.URL+"&application_name="+app, "--log-level", "info")...)
+	// The terminations start once the relayer runs: a connection cut
+	// while it starts (its schema check) ends the process, as any
+	// start-up failure does, for its supervisor to restart; this test is
+	// about the relayer running.
+	require.Eventually(t, func() bool { return strings.Contains(p.out.String(), "relay started") }, 60*time.Second, 20*time.Millisecond,
+		"the relayer never started; output:\n%s", p.out.String())
 
 	done := make(chan map[uuid.UUID][]int64, 1)
 	go func() { done <- writers(t, ctx, db, 10_000, 100, 2, 20, 4*time.Second) }()
