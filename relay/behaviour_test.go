@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/relay"
@@ -181,68 +179,6 @@ func TestPollOnlyRelayerPublishes(t *testing.T) {
 	checkDelivered(t, committed, b.consume(t, events, 20*time.Second, "order"))
 }
 
-// A row the broker can never take (here: larger than the broker's
-// message.max.bytes, which the publisher learns from the broker; inserted
-// behind the producer's back) stops only its own aggregate: later rows of
-// that aggregate wait behind it, in order, while every other aggregate keeps
-// flowing; the failures table holds it with the reason.
-func TestPoisonRowHoldsOnlyItsAggregate(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "2000"}))
-	r := b.relayer(t, nil)
-	poisoned := uuid.New()
-	others := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
-	healthy := map[int64]uuid.UUID{}
-	emit := func(agg uuid.UUID) int64 {
-		id := b.emit(t, agg, "order.placed", map[string]string{"agg": agg.String()})
-		healthy[id] = agg
-		return id
-	}
-	for _, o := range others {
-		emit(o)
-	}
-	emit(poisoned) // before the poison row: published
-	var poison int64
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `INSERT INTO `+b.db.Tables.OutboxIdent()+` (aggregate_id, type, payload)
-		VALUES ($1, 'order.placed', jsonb_build_object('blob', repeat('x', 5000))) RETURNING id`, poisoned).Scan(&poison))
-	after := emit(poisoned)
-	delete(healthy, after)
-	for _, o := range others {
-		emit(o)
-	}
-
-	run(t, r)
-	pendingIDs := func() []int64 {
-		rows, err := b.db.Pool.Query(ctx, "SELECT id FROM "+b.db.Tables.OutboxIdent()+" WHERE dispatched_at IS NULL ORDER BY id")
-		require.NoError(t, err)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		require.NoError(t, err)
-		return ids
-	}
-	require.Eventually(t, func() bool { return slices.Equal(pendingIDs(), []int64{poison, after}) }, 20*time.Second, 20*time.Millisecond,
-		"everything but the poison row and its successor should be published")
-	// The relayer keeps going for other aggregates.
-	for _, o := range others {
-		emit(o)
-	}
-	require.Eventually(t, func() bool { return slices.Equal(pendingIDs(), []int64{poison, after}) }, 20*time.Second, 20*time.Millisecond)
-
-	held := b.holds(t)
-	require.Len(t, held, 1)
-	require.Equal(t, poison, held[0].EventID)
-	require.Equal(t, poisoned, held[0].AggregateID)
-	require.Equal(t, relay.ReasonTooLarge, held[0].Reason)
-	require.Contains(t, held[0].Err, "accepts at most 2000 (the broker's message.max.bytes)")
-	require.True(t, held[0].Until.After(time.Now()))
-	require.GreaterOrEqual(t, r.Stats().PermanentFailures, int64(1))
-
-	recs := b.consume(t, len(healthy), 20*time.Second, "order")
-	checkDelivered(t, healthy, recs)
-	require.Len(t, recs, len(healthy))
-	t.Logf("poison row %d held: %s; %d healthy events published, %d and %d pending", poison, held[0].Err, len(recs), poison, after)
-}
-
 // Every database connection of a relayer, its LISTEN included, is killed
 // several times while writers commit: it reconnects, the listener comes
 // back (the poll interval is an hour, so only NOTIFY wakes it), and every
@@ -307,6 +243,11 @@ func TestBusyPollingFindsEventsThatDidNotNotify(t *testing.T) {
 
 			b.emit(t, uuid.New(), "order.placed", 1) // notifies: wakes the relayer
 			b.waitDrained(t, 10*time.Second)
+			// A wake-up can be left over: the listener's own on connecting
+			// (or the notification) when the claim it would trigger was
+			// already under way. Let its claim pass before the quiet event,
+			// or that claim finds it; on a loaded machine it came late.
+			time.Sleep(500 * time.Millisecond)
 			require.NoError(t, pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
 				_, err := quiet.Emit(context.Background(), tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 2})
 				return err

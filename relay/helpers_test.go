@@ -360,3 +360,29 @@ func checkDelivered(t *testing.T, committed map[int64]uuid.UUID, recs []record) 
 	checkOrder(t, recs)
 	return duplicates
 }
+
+// emitSpread commits n events round-robin over aggregates, a few per
+// transaction, and returns the aggregate of each by id.
+func (b *bundle) emitSpread(t *testing.T, n, aggregates int, typ string) map[int64]uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	aggs := make([]uuid.UUID, aggregates)
+	for i := range aggs {
+		aggs[i] = uuid.New()
+	}
+	committed := make(map[int64]uuid.UUID, n)
+	for i := 0; i < n; i += 50 {
+		batch := make([]outbox.Event, 0, 50)
+		for j := i; j < min(i+50, n); j++ {
+			batch = append(batch, outbox.Event{AggregateID: aggs[j%aggregates], Type: typ, Payload: map[string]int{"n": j}})
+		}
+		require.NoError(t, pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+			ids, err := b.producer.EmitBatch(ctx, tx, batch)
+			for k, id := range ids {
+				committed[id] = batch[k].AggregateID
+			}
+			return err
+		}))
+	}
+	return committed
+}

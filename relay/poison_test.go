@@ -5,8 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/outbox/internal/testlog"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
@@ -71,68 +68,6 @@ func (b *bundle) pendingIDs(t *testing.T) []int64 {
 	return ids
 }
 
-// Issue 9, defect 1: one oversized row among 2,000 small ones, on a broker
-// that takes 100,000 bytes. Before, the broker refused each partition's
-// whole request, every record of it was held, the holds expired together
-// and failed together again: 600 healthy rows pending for minutes. Now only
-// the big row is held, whether the publisher refuses it before sending
-// (it learnt the broker's limit) or the broker refuses a whole request
-// (here forced by a publisher told the limit is 1 MB): then the request is
-// split until the big row fails alone. Several hold cycles pass, two
-// relayers run, and nothing but the big row and the rows of its aggregate
-// behind it is ever held or left pending.
-func TestOversizedRowHoldsOnlyItself(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name     string
-		override int
-	}{
-		{"refused before sending", 0},
-		{"refused by the broker, request split", 1 << 20},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, limitBroker())
-			aggs := make([]uuid.UUID, 50)
-			for i := range aggs {
-				aggs[i] = uuid.New()
-			}
-			big := b.insertRaw(t, aggs[0], "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(400_000)), "NULL")
-			var behind []int64 // rows of the big row's aggregate: they wait
-			for i := range 2000 {
-				agg := aggs[i%len(aggs)]
-				id := b.insertRaw(t, agg, "order.placed", fmt.Sprintf(`'{"n": %d}'`, i), "NULL")
-				if agg == aggs[0] {
-					behind = append(behind, id)
-				}
-			}
-			for range 2 {
-				pub := kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{MaxMessageBytes: tc.override})
-				run(t, b.relayer(t, func(c *relay.Config) { c.Publisher = pub; c.HoldOut = 200 * time.Millisecond; c.BatchSize = 500 }))
-			}
-			want := append([]int64{big}, behind...)
-			require.Eventually(t, func() bool { return slices.Equal(b.pendingIDs(t), want) }, 30*time.Second, 20*time.Millisecond,
-				"only the big row and the %d rows behind it should stay pending", len(behind))
-			// Several hold cycles: the big row is retried and fails again,
-			// and nothing else is ever held or pending.
-			require.Eventually(t, func() bool {
-				h := b.holds(t)
-				return len(h) == 1 && h[0].Attempts >= 3
-			}, 30*time.Second, 20*time.Millisecond, "the big row should be retried and held again, alone")
-			require.Equal(t, want, b.pendingIDs(t))
-			h := b.holds(t)[0]
-			require.Equal(t, big, h.EventID)
-			require.Equal(t, relay.ReasonTooLarge, h.Reason)
-			require.Contains(t, h.Err, "MESSAGE_TOO_LARGE")
-			recs := b.consume(t, 2000-len(behind), 20*time.Second, "order")
-			checkOrder(t, recs)
-			for _, r := range recs {
-				require.NotEqual(t, aggs[0].String(), r.Key, "no row of the held aggregate may overtake it")
-			}
-		})
-	}
-}
-
 // client builds a publisher client on the bundle's broker.
 func (b *bundle) client(t *testing.T) *kgo.Client {
 	t.Helper()
@@ -141,126 +76,6 @@ func (b *bundle) client(t *testing.T) *kgo.Client {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	return client
-}
-
-// Issue 9, defect 1, second half: with no oversized row at all, records of
-// 9.6 kB that together exceed a 100 kB topic per partition failed on every
-// retry, because the client's batches were up to 1 MB. Now batches are
-// sized from the topic's limit as read from the broker; and on a client
-// that was not built for it (batches of 1 MB), requests the broker refuses
-// are split until they fit. Nothing is held either way.
-func TestRecordsThatFitAloneButNotTogether(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name  string
-		plain bool
-	}{
-		{"batches sized per topic", false},
-		{"plain client, requests split", true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t, limitBroker())
-			pub := kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{})
-			if tc.plain {
-				cl, err := kgo.NewClient(append(kafka.ProducerOptions(), kgo.SeedBrokers(b.broker.Addr()), kgo.ManualFlushing(),
-					kgo.RecordDeliveryTimeout(5*time.Second))...)
-				require.NoError(t, err)
-				t.Cleanup(cl.Close)
-				pub = kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{})
-			}
-			aggs := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
-			committed := map[int64]uuid.UUID{}
-			for i := range 120 {
-				agg := aggs[i%len(aggs)]
-				committed[b.insertRaw(t, agg, "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(9600)), "NULL")] = agg
-			}
-			r := b.relayer(t, func(c *relay.Config) { c.Publisher = pub })
-			run(t, r)
-			b.waitDrained(t, 30*time.Second)
-			require.Empty(t, b.holds(t))
-			require.Zero(t, r.Stats().PermanentFailures)
-			checkDelivered(t, committed, b.consume(t, len(committed), 20*time.Second, "order"))
-		})
-	}
-}
-
-// Issue 9, defect 2: a row written by hand whose headers are valid JSONB
-// but not an object of strings stopped every claim (a scan error for the
-// whole batch), with no row named anywhere. Now the claim decodes each row
-// on its own: the bad rows are held with their reason (undecodable, or
-// reserved_header for a header the relayer sets itself), one log line
-// names each, and every other row flows, before and after them. Since
-// migration 6 a plain INSERT of such a row fails; these are rows written
-// before it, which the relayer must still handle.
-func TestUndecodableRowsHoldOnlyThemselves(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	committed := map[int64]uuid.UUID{}
-	for range 50 {
-		agg := uuid.New()
-		committed[b.insertRaw(t, agg, "order.placed", `'{}'`, "NULL")] = agg
-	}
-	badAgg := uuid.New()
-	bad := map[int64]string{
-		b.insertLegacy(t, badAgg, "order.placed", `'{}'`, `'{"retries": 3}'`):            relay.ReasonUndecodable,
-		b.insertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'[1, 2]'`):                relay.ReasonUndecodable,
-		b.insertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'"text"'`):                relay.ReasonUndecodable,
-		b.insertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"event_id": "1"}'`):     relay.ReasonReservedHeader,
-		b.insertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"event_source": "x"}'`): relay.ReasonReservedHeader,
-		b.insertLegacy(t, uuid.New(), "bad topic!.x", `'{}'`, "NULL"):                    relay.ReasonInvalidTopic,
-	}
-	behind := b.insertRaw(t, badAgg, "order.paid", `'{}'`, "NULL")
-	for range 50 {
-		agg := uuid.New()
-		committed[b.insertRaw(t, agg, "order.placed", `'{}'`, `'{"trace": "abc"}'`)] = agg
-	}
-	committed[b.insertRaw(t, uuid.New(), "order.placed", `'{}'`, `'null'`)] = uuid.Nil // JSON null: no headers
-
-	logs := &testlog.Buffer{}
-	r := b.relayer(t, func(c *relay.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
-	run(t, r)
-	var want []int64
-	for id := range bad {
-		want = append(want, id)
-	}
-	want = append(want, behind)
-	slices.Sort(want)
-	require.Eventually(t, func() bool { return slices.Equal(b.pendingIDs(t), want) }, 20*time.Second, 20*time.Millisecond)
-	holds := b.holds(t)
-	require.Len(t, holds, len(bad), "one hold per bad row, none for the row behind one")
-	for _, h := range holds {
-		require.Equal(t, bad[h.EventID], h.Reason, "event %d: %s", h.EventID, h.Err)
-		// The line is logged after the batch commits, so just after the
-		// hold is visible.
-		require.Eventually(t, func() bool { return strings.Contains(logs.String(), fmt.Sprintf("event_id=%d", h.EventID)) },
-			5*time.Second, 10*time.Millisecond, "a log line names the row %d", h.EventID)
-	}
-	require.Contains(t, logs.String(), "reason=undecodable")
-
-	// The watchdog and the stats see them at once, each with its reason.
-	rep, err := ops.Check(context.Background(), b.db.Pool, ops.WatchdogConfig{Tables: b.db.Tables})
-	require.NoError(t, err)
-	require.Equal(t, int64(len(bad)), rep.Held)
-	require.Equal(t, int64(len(bad)+1), rep.Lag.Stuck)
-	require.Equal(t, map[string]int64{relay.ReasonUndecodable: 3, relay.ReasonReservedHeader: 2, relay.ReasonInvalidTopic: 1}, rep.HeldByReason)
-	for _, s := range rep.Stuck {
-		if s.ID == behind {
-			require.Equal(t, holds[0].EventID, s.BlockedBy)
-			require.Empty(t, s.Reason)
-			continue
-		}
-		require.Equal(t, bad[s.ID], s.Reason)
-		require.NotEmpty(t, s.LastError)
-	}
-
-	recs := b.consume(t, len(committed), 20*time.Second, "order")
-	require.Len(t, recs, len(committed))
-	for _, rec := range recs {
-		if rec.Headers["trace"] != "" {
-			require.Equal(t, "abc", rec.Headers["trace"])
-		}
-	}
 }
 
 // Issue 9, defect 6: several rows of one aggregate fail in one batch (here

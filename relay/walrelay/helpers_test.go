@@ -67,13 +67,22 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	url := needLogical(t)
-	db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url})
+	db, slot := logicalOutbox(t)
 	b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
 	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
 	require.NoError(t, err)
+	return &bundle{db: db, broker: b, producer: p, slot: slot}
+}
+
+// logicalOutbox creates an outbox in a schema of its own on the logical
+// cluster, and returns it with the name of its slot (and publication),
+// which is torn down when t ends, once its relayers have stopped.
+func logicalOutbox(t *testing.T) (*pgtest.DB, string) {
+	t.Helper()
+	url := needLogical(t)
+	db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url})
 	slot := walrelay.DefaultName(db.Tables)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -87,7 +96,7 @@ func setup(t *testing.T) *bundle {
 		}
 		t.Logf("teardown of slot %s failed", slot)
 	})
-	return &bundle{db: db, broker: b, producer: p, slot: slot}
+	return db, slot
 }
 
 func (b *bundle) relayer(t *testing.T, mod func(*walrelay.Config)) *walrelay.Relayer {

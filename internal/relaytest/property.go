@@ -1,10 +1,11 @@
-package relay_test
+package relaytest
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -21,32 +22,34 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
-// The whole publish path against rows of any shape, written by plain SQL
-// as any producer may: types with any characters, JSONB headers and
-// payloads of any shape, sizes from nothing to 2 MB, aggregates that
-// collide, mixed with healthy rows. The insert guard (migration 6) must
-// refuse exactly the rows guardOracle says it refuses; those are then
-// written as rows from before the migration, so the relayer meets them
-// all; three relayers; a broker that takes
-// 100,000 bytes. An oracle written from the wire contract (not from the
-// relayer's code) says which rows can be published. Then, within a bounded
-// time:
-//   - every publishable row that no unpublishable row of its aggregate
-//     precedes reaches the broker, byte-exact, in per-aggregate order;
-//   - every unpublishable row at the head of its aggregate is held, with
-//     its reason, and nothing else is held;
-//   - the rows behind a held row wait, pending.
+// PublishPathProperty: the whole publish path against rows of any shape,
+// written by plain SQL as any producer may: types with any characters,
+// JSONB headers and payloads of any shape, sizes from nothing to 2 MB,
+// aggregates that collide, mixed with healthy rows. The insert guard
+// (migration 6) must refuse exactly the rows guardOracle says it refuses;
+// those are then written as rows from before the migration, so the
+// relayers meet them all; three relayers; a broker that takes 100,000
+// bytes. An oracle written from the wire contract (not from any relayer's
+// code) says which rows can be published.
 //
-// Then the held rows are parked, round after round, until nothing is
-// pending: in the end every publishable row has been published, in order
-// within its aggregate, and every unpublishable row was held and parked.
+// A source that Holds is checked round by round: every publishable row
+// that no unpublishable row of its aggregate precedes reaches the broker;
+// every unpublishable row at the head of its aggregate is held, with its
+// reason, and nothing else is; the rows behind a held row wait. Then the
+// held rows are parked by the operator verb, and the next round begins,
+// until nothing is pending. A source that does not hold sets every
+// unpublishable row aside at once, with its reason, and publishes every
+// other.
+//
+// Either way, in the end the broker has every publishable row, byte-exact,
+// under its key, in per-aggregate order, and no other.
 //
 // OUTBOX_PROPERTY_ROWS sets the number of rows (default 400, the version
 // CI runs), OUTBOX_PROPERTY_SEED the seed (default: random, logged).
-func TestPublishPathProperty(t *testing.T) {
-	t.Parallel()
+func PublishPathProperty(t *testing.T, src Source) {
 	rows := envInt(t, "OUTBOX_PROPERTY_ROWS", 400)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("OUTBOX_PROPERTY_SEED"); s != "" {
@@ -54,16 +57,13 @@ func TestPublishPathProperty(t *testing.T) {
 		seed, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err)
 	}
-	t.Logf("OUTBOX_PROPERTY_SEED=%d OUTBOX_PROPERTY_ROWS=%d", seed, rows)
+	t.Logf("%s: OUTBOX_PROPERTY_SEED=%d OUTBOX_PROPERTY_ROWS=%d", src.Name, seed, rows)
 	rnd := rand.New(rand.NewPCG(seed, 9))
 
-	b := setup(t, limitBroker())
+	e := open(t, src, limitBroker())
 	const limit = 100_000
 	ctx := context.Background()
-	aggs := make([]uuid.UUID, 12)
-	for i := range aggs {
-		aggs[i] = uuid.New()
-	}
+	aggs := newAggregates(12)
 	type row struct {
 		id      int64
 		agg     uuid.UUID
@@ -73,38 +73,38 @@ func TestPublishPathProperty(t *testing.T) {
 	}
 	var all []*row
 	refused := map[string]int{}
-	const insert = `INSERT INTO {{outbox}} (aggregate_id, type, payload, headers) VALUES ($1, $2, $3::jsonb, NULLIF($4, '')::jsonb) RETURNING id, payload::text`
-	stmt := strings.ReplaceAll(insert, "{{outbox}}", b.db.Tables.OutboxIdent())
+	insert := `INSERT INTO ` + e.db.Tables.OutboxIdent() + ` (aggregate_id, type, payload, headers) VALUES ($1, $2, $3::jsonb, NULLIF($4, '')::jsonb) RETURNING id, payload::text`
 	for range rows {
 		r := &row{agg: aggs[rnd.IntN(len(aggs))], typ: randomType(rnd)}
 		payload, headers := randomPayload(rnd), randomHeaders(rnd)
-		err := b.db.Pool.QueryRow(ctx, stmt, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
+		err := e.db.Pool.QueryRow(ctx, insert, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
 		// The insert guard (migration 6) refuses what it can see cannot
 		// be published; such a row is then written as one from before the
-		// migration, which the relayer must still hold.
+		// migration, which the relayers must still handle.
 		if rule := guardOracle(r.typ, headers); rule != "" {
 			var pgErr *pgconn.PgError
 			require.True(t, errors.As(err, &pgErr), "type %q headers %.100s: the guard should refuse it (%s): %v", r.typ, headers, rule, err)
 			require.Equal(t, "23514", pgErr.Code)
-			require.Equal(t, b.db.Tables.Outbox+"_"+rule, pgErr.ConstraintName, "type %q headers %.100s", r.typ, headers)
+			require.Equal(t, e.db.Tables.Outbox+"_"+rule, pgErr.ConstraintName, "type %q headers %.100s", r.typ, headers)
 			refused[rule]++
-			b.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
-				return tx.QueryRow(ctx, stmt, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
+			e.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+				return tx.QueryRow(ctx, insert, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
 			})
 		} else {
 			require.NoError(t, err, "type %q payload %.100s headers %.100s", r.typ, payload, headers)
 		}
-		r.reason = oracle(r.id, r.typ, r.payload, headers, limit)
+		r.reason = oracle(r.id, r.typ, r.payload, headers, src.EventSource, limit)
 		all = append(all, r)
 	}
 	t.Logf("refused at insert, then written as rows from before migration 6: %v", refused)
 
+	var rs []*Relayer
 	for range 3 {
-		run(t, b.relayer(t, func(c *relay.Config) { c.HoldOut = time.Second; c.BatchSize = 50 + rnd.IntN(200) }))
+		rs = append(rs, e.src.Start(t, e.db, e.publisher(t, kafkapub.PublisherConfig{}), RelayerConfig{HoldOut: time.Second, BatchSize: 50 + rnd.IntN(200)}))
 	}
 
 	published := map[int64]bool{}
-	parked := map[int64]bool{}
+	sidelined := map[int64]string{}
 	topics := map[string]bool{}
 	for _, r := range all {
 		if r.reason == "" {
@@ -112,57 +112,65 @@ func TestPublishPathProperty(t *testing.T) {
 			topics[topic] = true
 		}
 	}
-	for round := 1; ; round++ {
-		// What the oracle expects now: per aggregate, the rows up to its
-		// first unpublishable row (not parked) go out; that row is held;
-		// the rest wait.
-		wantHeld := map[int64]string{}
-		var wantPending []int64
-		wantPublished := map[int64]bool{}
-		blocked := map[uuid.UUID]bool{}
-		for _, r := range all {
-			switch {
-			case parked[r.id]:
-			case blocked[r.agg]:
-				wantPending = append(wantPending, r.id)
-			case r.reason != "":
-				blocked[r.agg] = true
-				wantHeld[r.id] = r.reason
-				wantPending = append(wantPending, r.id)
-			default:
-				wantPublished[r.id] = true
-			}
-		}
-		var pending []int64
-		var held map[int64]string
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			pending = b.pendingIDs(t)
-			held = map[int64]string{}
-			for _, h := range b.holds(t) {
-				if slices.Contains(pending, h.EventID) {
-					held[h.EventID] = h.Reason
+	if src.Holds {
+		parked := map[int64]bool{}
+		for round := 1; ; round++ {
+			// What the oracle expects now: per aggregate, the rows up to its
+			// first unpublishable row (not parked) go out; that row is held;
+			// the rest wait.
+			wantHeld := map[int64]string{}
+			var wantPending []int64
+			blocked := map[uuid.UUID]bool{}
+			for _, r := range all {
+				switch {
+				case parked[r.id]:
+				case blocked[r.agg]:
+					wantPending = append(wantPending, r.id)
+				case r.reason != "":
+					blocked[r.agg] = true
+					wantHeld[r.id] = r.reason
+					wantPending = append(wantPending, r.id)
+				default:
+					published[r.id] = true
 				}
 			}
-			if slices.Equal(pending, wantPending) && len(held) == len(wantHeld) || time.Now().After(deadline) {
+			var pending []int64
+			var held map[int64]string
+			waitFor(60*time.Second, func() bool {
+				pending = src.Unacked(t, e.db)
+				held = reasons(src.Sidelined(t, e.db))
+				return slices.Equal(pending, wantPending) && maps.Equal(held, wantHeld)
+			})
+			require.Equal(t, wantPending, append([]int64(nil), pending...), "round %d: pending rows", round)
+			require.Equal(t, wantHeld, held, "round %d: held rows and their reasons", round)
+			t.Logf("round %d: %d published so far, %d held (%v), %d pending", round, len(published), len(held), reasonCounts(held), len(pending))
+			if len(wantHeld) == 0 {
 				break
 			}
-			time.Sleep(50 * time.Millisecond)
+			for id, reason := range wantHeld {
+				res, err := ops.Park(ctx, e.db.Pool, ops.ParkConfig{Tables: e.db.Tables, ID: id, Reason: "property test", Apply: true})
+				require.NoError(t, err)
+				require.True(t, res.Applied)
+				parked[id] = true
+				sidelined[id] = reason
+			}
 		}
-		require.Equal(t, wantPending, append([]int64(nil), pending...), "round %d: pending rows", round)
-		require.Equal(t, wantHeld, held, "round %d: held rows and their reasons", round)
-		for id := range wantPublished {
-			published[id] = true
+	} else {
+		want := map[int64]string{}
+		for _, r := range all {
+			if r.reason != "" {
+				want[r.id] = r.reason
+			} else {
+				published[r.id] = true
+			}
 		}
-		t.Logf("round %d: %d published so far, %d held (%v), %d pending", round, len(published), len(held), reasonCounts(held), len(pending))
-		if len(wantHeld) == 0 {
-			require.Empty(t, pending)
-			break
-		}
-		for id := range wantHeld {
-			park(t, b, id)
-			parked[id] = true
-		}
+		var got map[int64]string
+		waitFor(60*time.Second, func() bool {
+			got = reasons(src.Sidelined(t, e.db))
+			return maps.Equal(got, want)
+		})
+		require.Equal(t, want, got, "every unpublishable row is set aside at once, with its reason, and no other")
+		sidelined = got
 	}
 
 	// The broker has every published row, byte-exact, under its key, in
@@ -171,7 +179,7 @@ func TestPublishPathProperty(t *testing.T) {
 	for topic := range topics {
 		names = append(names, topic)
 	}
-	recs := b.consume(t, len(published), 60*time.Second, names...)
+	recs := e.consume(t, len(published), 60*time.Second, names...)
 	byID := map[int64]*row{}
 	for _, r := range all {
 		byID[r.id] = r
@@ -180,33 +188,41 @@ func TestPublishPathProperty(t *testing.T) {
 	for _, rec := range recs {
 		r := byID[rec.EventID]
 		require.NotNil(t, r, "record with event_id %d", rec.EventID)
-		require.True(t, published[r.id], "event %d reached the broker but should not have", r.id)
+		require.True(t, published[r.id], "event %d reached the broker but should not have (%s)", r.id, r.reason)
 		require.Equal(t, r.agg.String(), rec.Key)
 		require.Equal(t, r.payload, rec.Value, "event %d: the published value is the stored payload", r.id)
 		require.Equal(t, r.typ, rec.Headers[outbox.HeaderEventType])
+		require.Equal(t, src.EventSource, rec.Headers[outbox.HeaderEventSource])
 		got[r.id] = true
 	}
-	require.Len(t, got, len(published), "every published row reached the broker")
+	require.Equal(t, len(published), len(got), "every publishable row reached the broker")
 	// Order holds per aggregate within a topic: the types of one aggregate
 	// may route to several topics, which Kafka does not order together.
+	committed := map[int64]event{}
+	for _, r := range all {
+		committed[r.id] = event{agg: r.agg, seq: r.id}
+	}
 	byTopic := map[string][]record{}
 	for _, rec := range recs {
 		byTopic[rec.Topic] = append(byTopic[rec.Topic], rec)
 	}
-	for _, rs := range byTopic {
-		checkOrder(t, rs)
+	for _, inTopic := range byTopic {
+		checkOrder(t, committed, inTopic)
 	}
-	reasons := map[string]int{}
+	stopAll(rs)
+	require.Empty(t, src.Unacked(t, e.db), "%s: left to publish after a graceful stop", src.Name)
+	byReason := map[string]int{}
 	for _, r := range all {
-		reasons[r.reason]++
+		byReason[r.reason]++
 	}
-	t.Logf("%d rows: %d published, %d parked after being held; by reason: %v", len(all), len(published), len(parked), reasons)
+	t.Logf("%s: %d rows: %d published, %d set aside; by reason: %v", src.Name, len(all), len(published), len(sidelined), byReason)
 }
 
-// oracle says why a row cannot be published, or "": the wire contract,
-// in the relayer's order of checks (its headers, its type's topic, then
-// the record's size against the broker's limit).
-func oracle(id int64, typ, payload, headers string, limit int) string {
+// oracle says why a row cannot be published, or "": the wire contract, in
+// the relayers' order of checks (its headers, its type's topic, then the
+// record's size, with the publisher's event_source header, against the
+// broker's limit).
+func oracle(id int64, typ, payload, headers, source string, limit int) string {
 	var h map[string]string
 	if headers != "" && headers != "null" {
 		if err := json.Unmarshal([]byte(headers), &h); err != nil {
@@ -221,7 +237,7 @@ func oracle(id int64, typ, payload, headers string, limit int) string {
 	if _, err := outbox.Topic("", typ); err != nil {
 		return relay.ReasonInvalidTopic
 	}
-	if outbox.RecordSize(id, typ, len(payload), h, "") > limit {
+	if outbox.RecordSize(id, typ, len(payload), h, source) > limit {
 		return relay.ReasonTooLarge
 	}
 	return ""
@@ -231,7 +247,7 @@ func oracle(id int64, typ, payload, headers string, limit int) string {
 // plain INSERT of the row, or "": from the contract, in the guard's order
 // (the type, then the headers). The type's topic must be valid with no
 // prefix; the headers SQL NULL, JSON null, or an object of string values
-// whose names are neither empty nor reserved. Stricter than the relayer's
+// whose names are neither empty nor reserved. Stricter than the relayers'
 // decoding, which reads a JSON null value as "" and takes an empty name.
 func guardOracle(typ, headers string) string {
 	if _, err := outbox.Topic("", typ); err != nil {
@@ -251,15 +267,6 @@ func guardOracle(typ, headers string) string {
 		}
 	}
 	return ""
-}
-
-// park parks a held row with the operator verb, so its aggregate's later
-// rows flow.
-func park(t *testing.T, b *bundle, id int64) {
-	t.Helper()
-	res, err := ops.Park(context.Background(), b.db.Pool, ops.ParkConfig{Tables: b.db.Tables, ID: id, Reason: "property test", Apply: true})
-	require.NoError(t, err)
-	require.True(t, res.Applied)
 }
 
 func reasonCounts(held map[int64]string) map[string]int {

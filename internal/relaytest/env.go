@@ -1,0 +1,519 @@
+package relaytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/devkafka"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
+	"github.com/pgoutbox/outbox/internal/pgident"
+	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
+)
+
+// env is one scenario's outbox, broker and producer.
+type env struct {
+	src      Source
+	db       *pgtest.DB
+	broker   *devkafka.Broker
+	producer *outbox.Producer
+}
+
+// open gives a scenario a fresh outbox of src and a broker of its own
+// (6 partitions; brokerOpts for limits and faults).
+func open(t *testing.T, src Source, brokerOpts ...kfake.Opt) *env {
+	t.Helper()
+	src.check(t)
+	db := src.Open(t)
+	b, err := devkafka.Start(devkafka.Config{Partitions: 6, Opts: brokerOpts})
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
+	require.NoError(t, err)
+	return &env{src: src, db: db, broker: b, producer: p}
+}
+
+// limitBroker is a broker whose message.max.bytes is 100,000, as in the
+// issue that found the poison-row defects.
+func limitBroker() kfake.Opt {
+	return kfake.BrokerConfigs(map[string]string{"message.max.bytes": "100000"})
+}
+
+// client builds a publisher client on the scenario's broker; opts go after
+// the test defaults.
+func (e *env) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{e.broker.Addr()},
+		Opts: append([]kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}, opts...)})
+	require.NoError(t, err)
+	t.Cleanup(client.Close)
+	return client
+}
+
+// publisher builds a Kafka publisher for the source on a client of its own.
+func (e *env) publisher(t *testing.T, cfg kafkapub.PublisherConfig, opts ...kgo.Opt) relay.Publisher {
+	t.Helper()
+	return e.publisherOn(e.client(t, opts...), cfg)
+}
+
+// publisherOn builds a Kafka publisher for the source on client.
+func (e *env) publisherOn(client *kgo.Client, cfg kafkapub.PublisherConfig) relay.Publisher {
+	cfg.Source = e.src.EventSource
+	return kafkapub.NewPublisher(client, cfg)
+}
+
+// start starts n relayers, each with a publisher of its own.
+func (e *env) start(t *testing.T, n int, cfg RelayerConfig) []*Relayer {
+	t.Helper()
+	rs := make([]*Relayer, n)
+	for i := range rs {
+		rs[i] = e.src.Start(t, e.db, e.publisher(t, kafkapub.PublisherConfig{}), cfg)
+	}
+	return rs
+}
+
+func stopAll(rs []*Relayer) {
+	for _, r := range rs {
+		r.Stop()
+	}
+}
+
+// event is a committed event: its aggregate, and its place in the
+// aggregate's commit order (seq: the id, for writers whose ids follow
+// commit order; a version otherwise).
+type event struct {
+	agg uuid.UUID
+	seq int64
+}
+
+func newAggregates(n int) []uuid.UUID {
+	out := make([]uuid.UUID, n)
+	for i := range out {
+		out[i] = uuid.New()
+	}
+	return out
+}
+
+// emit commits one event with Emit, in its own transaction.
+func (e *env) emit(t *testing.T, agg uuid.UUID, typ string, payload any) int64 {
+	t.Helper()
+	var id int64
+	err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+		var err error
+		id, err = e.producer.Emit(context.Background(), tx, outbox.Event{AggregateID: agg, Type: typ, Payload: payload})
+		return err
+	})
+	require.NoError(t, err)
+	return id
+}
+
+// insertRaw writes a row by plain SQL, as a non-Go producer does, and
+// returns its id. payload and headers are SQL expressions.
+func (e *env) insertRaw(t *testing.T, agg uuid.UUID, typ, payload, headers string) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `INSERT INTO `+e.db.Tables.OutboxIdent()+
+		` (aggregate_id, type, payload, headers) VALUES ($1, $2, `+payload+`, `+headers+`) RETURNING id`, agg, typ).Scan(&id))
+	return id
+}
+
+// insertLegacy writes a row as insertRaw does, but one that the insert
+// guard (migration 6) now refuses: a row written before that migration,
+// which every source must still handle.
+func (e *env) insertLegacy(t *testing.T, agg uuid.UUID, typ, payload, headers string) int64 {
+	t.Helper()
+	var id int64
+	e.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `INSERT INTO `+e.db.Tables.OutboxIdent()+
+			` (aggregate_id, type, payload, headers) VALUES ($1, $2, `+payload+`, `+headers+`) RETURNING id`, agg, typ).Scan(&id)
+	})
+	return id
+}
+
+// preload inserts n rows in one statement, aggregate g % aggregates for
+// the g-th row, and returns them.
+func (e *env) preload(t *testing.T, n, aggregates int, typ string) map[int64]event {
+	t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `INSERT INTO `+e.db.Tables.OutboxIdent()+` (aggregate_id, type, payload)
+		SELECT md5($3 || (g % $2)::text)::uuid, $4, jsonb_build_object('n', g) FROM generate_series(1, $1) g ORDER BY g
+		RETURNING id, aggregate_id`, n, aggregates, e.db.Tables.Schema, typ)
+	require.NoError(t, err)
+	out := make(map[int64]event, n)
+	var (
+		id  int64
+		agg uuid.UUID
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &agg}, func() error {
+		out[id] = event{agg: agg, seq: id}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, n, len(out), "rows preloaded")
+	return out
+}
+
+// queuePlainInsert queues a plain INSERT of ev, as a producer that takes
+// no per-aggregate lock writes it, returning its id.
+func (e *env) queuePlainInsert(b *pgx.Batch, ev outbox.Event) {
+	b.Queue(`INSERT INTO `+e.db.Tables.OutboxIdent()+` (aggregate_id, type, payload, headers) VALUES ($1, $2, $3, $4) RETURNING id`,
+		ev.AggregateID, ev.Type, fmt.Sprintf(`{"plain": %q}`, ev.Type), `{"via": "insert"}`)
+}
+
+// plainInsert writes events with one plain INSERT each, taking no
+// per-aggregate lock, and returns their ids in order.
+func (e *env) plainInsert(ctx context.Context, tx pgx.Tx, events []outbox.Event) ([]int64, error) {
+	batch := &pgx.Batch{}
+	for _, ev := range events {
+		e.queuePlainInsert(batch, ev)
+	}
+	br := tx.SendBatch(ctx, batch)
+	ids := make([]int64, len(events))
+	for i := range ids {
+		if err := br.QueryRow().Scan(&ids[i]); err != nil {
+			br.Close() //nolint:errcheck // reporting the insert's error
+			return nil, err
+		}
+	}
+	return ids, br.Close()
+}
+
+// emitSpread commits n events round-robin over aggregates, 50 per
+// transaction, one transaction after the other, and returns them. For a
+// source that keeps commit order, every other transaction is plain
+// INSERTs without the per-aggregate lock.
+func (e *env) emitSpread(t *testing.T, n, aggregates int, typ string) map[int64]event {
+	t.Helper()
+	ctx := context.Background()
+	aggs := newAggregates(aggregates)
+	committed := make(map[int64]event, n)
+	for i, txn := 0, 0; i < n; i, txn = i+50, txn+1 {
+		batch := make([]outbox.Event, 0, 50)
+		for j := i; j < min(i+50, n); j++ {
+			batch = append(batch, outbox.Event{AggregateID: aggs[j%aggregates], Type: typ, Payload: map[string]int{"n": j}})
+		}
+		require.NoError(t, pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+			var ids []int64
+			var err error
+			if e.src.CommitOrder && txn%2 == 1 {
+				ids, err = e.plainInsert(ctx, tx, batch)
+			} else {
+				ids, err = e.producer.EmitBatch(ctx, tx, batch)
+			}
+			for k, id := range ids {
+				committed[id] = event{agg: batch[k].AggregateID, seq: id}
+			}
+			return err
+		}))
+	}
+	return committed
+}
+
+var errRollback = errors.New("rolled back on purpose")
+
+// writeLoad commits events events on aggregates aggregates from writers
+// goroutines, in transactions of 1 to 5 events; one transaction in ten is
+// rolled back instead. It returns every committed event. It blocks until
+// done; run it beside relayers to test them under concurrent writes.
+//
+// The events are written with EmitBatch, whose per-aggregate lock makes
+// ids follow each aggregate's commit order. For a source that keeps
+// commit order (CommitOrder), every other transaction is plain INSERTs
+// without that lock, whose ids need not follow it; so there every
+// transaction, after its events, also bumps the version of each of its
+// aggregates, as an application's aggregate row would (a row lock held to
+// commit, taken in one order by all): the versions are the aggregates'
+// commit order, which the broker must follow.
+func (e *env) writeLoad(t *testing.T, events, aggregates, writers int, typ string) map[int64]event {
+	t.Helper()
+	// Generous: on a loaded 2-core machine under -race, with the other
+	// scenarios running, 20,000 events took up to 110s.
+	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
+	defer cancel()
+	aggs := newAggregates(aggregates)
+	versions := pgident.Qualified(e.db.Tables.Schema, "relaytest_versions")
+	if e.src.CommitOrder {
+		_, err := e.db.Pool.Exec(ctx, `CREATE TABLE `+versions+` (aggregate_id uuid PRIMARY KEY, v bigint NOT NULL)`)
+		require.NoError(t, err)
+		_, err = e.db.Pool.Exec(ctx, `INSERT INTO `+versions+` SELECT unnest($1::uuid[]), 0`, aggs)
+		require.NoError(t, err)
+	}
+	// The writers' own durability is not under test, and on a shared
+	// 2-core machine an fsync per commit made them the slowest part.
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = int32(writers)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	bump := `UPDATE ` + versions + ` SET v = v + $2 WHERE aggregate_id = $1 RETURNING v`
+
+	// write writes one transaction's events and returns them: with
+	// EmitBatch, or plain INSERTs pipelined with the version bumps.
+	write := func(ctx context.Context, tx pgx.Tx, evs []outbox.Event, plain bool) (map[int64]event, error) {
+		counts := map[uuid.UUID]int64{}
+		for _, ev := range evs {
+			counts[ev.AggregateID]++
+		}
+		order := slices.SortedFunc(maps.Keys(counts), func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
+		var ids []int64
+		var err error
+		if !plain {
+			if ids, err = e.producer.EmitBatch(ctx, tx, evs); err != nil {
+				return nil, err
+			}
+		}
+		after := map[uuid.UUID]int64{} // each aggregate's version after this transaction
+		if e.src.CommitOrder {
+			b := &pgx.Batch{}
+			if plain {
+				for _, ev := range evs {
+					e.queuePlainInsert(b, ev)
+				}
+			}
+			for _, agg := range order {
+				b.Queue(bump, agg, counts[agg])
+			}
+			br := tx.SendBatch(ctx, b)
+			if plain {
+				ids = make([]int64, len(evs))
+				for i := range ids {
+					if err := br.QueryRow().Scan(&ids[i]); err != nil {
+						br.Close() //nolint:errcheck // reporting the insert's error
+						return nil, err
+					}
+				}
+			}
+			for _, agg := range order {
+				var v int64
+				if err := br.QueryRow().Scan(&v); err != nil {
+					br.Close() //nolint:errcheck // reporting the update's error
+					return nil, err
+				}
+				after[agg] = v
+			}
+			if err := br.Close(); err != nil {
+				return nil, err
+			}
+		}
+		got := make(map[int64]event, len(ids))
+		for i, id := range ids {
+			agg := evs[i].AggregateID
+			seq := id
+			if e.src.CommitOrder {
+				// The transaction's own events of an aggregate follow
+				// their insert order, the last one at the new version.
+				later := int64(0)
+				for _, ev := range evs[i+1:] {
+					if ev.AggregateID == agg {
+						later++
+					}
+				}
+				seq = after[agg] - later
+			}
+			got[id] = event{agg: agg, seq: seq}
+		}
+		return got, nil
+	}
+
+	var mu sync.Mutex
+	committed := make(map[int64]event, events)
+	var wg sync.WaitGroup
+	for w := range writers {
+		share := events / writers
+		if w < events%writers {
+			share++
+		}
+		wg.Go(func() {
+			rnd := rand.New(rand.NewPCG(uint64(w), 42))
+			for done, txn := 0, 0; done < share; txn++ {
+				k := min(1+rnd.IntN(5), share-done)
+				batch := make([]outbox.Event, k)
+				for i := range batch {
+					batch[i] = outbox.Event{AggregateID: aggs[rnd.IntN(len(aggs))], Type: typ,
+						Payload: map[string]any{"writer": w, "txn": txn}, Headers: map[string]string{"writer": strconv.Itoa(w)}}
+				}
+				plain := e.src.CommitOrder && txn%2 == 1
+				rollback := txn%10 == 9
+				var got map[int64]event
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var err error
+					if got, err = write(ctx, tx, batch, plain); err != nil {
+						return err
+					}
+					if rollback {
+						return errRollback
+					}
+					return nil
+				})
+				if rollback && errors.Is(err, errRollback) {
+					continue
+				}
+				if err != nil {
+					t.Errorf("writer %d: %v", w, err)
+					return
+				}
+				mu.Lock()
+				maps.Copy(committed, got)
+				mu.Unlock()
+				done += k
+			}
+		})
+	}
+	wg.Wait()
+	return committed
+}
+
+// record is what a scenario reads back from the broker.
+type record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       string
+	Value     string
+	Headers   map[string]string
+	EventID   int64
+}
+
+// consume reads every record of topics from the beginning until want
+// records arrived, or fails after timeout. Records arriving in a short
+// quiet period after that are included, so duplicates are seen.
+func (e *env) consume(t *testing.T, want int, timeout time.Duration, topics ...string) []record {
+	t.Helper()
+	var out []record
+	for _, r := range kafkatest.Read(t, e.broker.Addr(), timeout, kafkatest.AtLeastThenQuiet(want, 300*time.Millisecond), topics...) {
+		out = append(out, record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value),
+			Headers: kafkatest.Headers(r), EventID: kafkatest.EventID(r)})
+	}
+	return out
+}
+
+// checkDelivered asserts that recs hold every committed event at least
+// once and nothing that was not committed, each under its aggregate's key
+// with the source's event_source header, in per-aggregate commit order
+// (checkOrder). It returns the ids delivered more than once, with how many
+// times more.
+func (e *env) checkDelivered(t *testing.T, committed map[int64]event, recs []record) map[int64]int {
+	t.Helper()
+	seen := make(map[int64]bool, len(committed))
+	dups := map[int64]int{}
+	for _, r := range recs {
+		ev, ok := committed[r.EventID]
+		require.True(t, ok, "%s: event %d reached the broker but was never committed (or must not be published)", e.src.Name, r.EventID)
+		require.Equal(t, ev.agg.String(), r.Key, "event %d has the wrong key", r.EventID)
+		require.Equal(t, e.src.EventSource, r.Headers[outbox.HeaderEventSource], "event %d: event_source header", r.EventID)
+		if seen[r.EventID] {
+			dups[r.EventID]++
+		}
+		seen[r.EventID] = true
+	}
+	var missing []int64
+	for id := range committed {
+		if !seen[id] {
+			missing = append(missing, id)
+		}
+	}
+	slices.Sort(missing)
+	require.Empty(t, missing, "%s: %d committed events never reached the broker", e.src.Name, len(missing))
+	checkOrder(t, committed, recs)
+	return dups
+}
+
+func total(dups map[int64]int) int {
+	n := 0
+	for _, k := range dups {
+		n += k
+	}
+	return n
+}
+
+// checkOrder asserts that each key lives in exactly one partition and
+// that, per key, the first delivery of each event comes in the
+// aggregate's commit order (committed's seq). That is the order a
+// deduplicating consumer applies events in: at-least-once re-sends (a
+// suffix delivered again) pass, an event whose first delivery comes after
+// a later event's does not.
+func checkOrder(t *testing.T, committed map[int64]event, recs []record) {
+	t.Helper()
+	partOf := map[string]int32{}
+	byPart := map[int32][]record{}
+	for _, r := range recs {
+		if p, ok := partOf[r.Key]; ok {
+			require.Equal(t, p, r.Partition, "key %s in two partitions", r.Key)
+		}
+		partOf[r.Key] = r.Partition
+		byPart[r.Partition] = append(byPart[r.Partition], r)
+	}
+	seen := map[int64]bool{}
+	last := map[string]record{} // per key, the latest first delivery
+	for _, rs := range byPart {
+		slices.SortFunc(rs, func(a, b record) int { return int(a.Offset - b.Offset) })
+		for _, r := range rs {
+			if seen[r.EventID] {
+				continue
+			}
+			seen[r.EventID] = true
+			if prev, ok := last[r.Key]; ok && committed[r.EventID].seq < committed[prev.EventID].seq {
+				require.Failf(t, "per-aggregate order broken",
+					"aggregate %s: event %d (seq %d) first arrived at offset %d of partition %d, after event %d (seq %d) at offset %d",
+					r.Key, r.EventID, committed[r.EventID].seq, r.Offset, r.Partition, prev.EventID, committed[prev.EventID].seq, prev.Offset)
+			}
+			last[r.Key] = r
+		}
+	}
+}
+
+// waitUnacked waits until the source has exactly want (ascending) left to
+// publish; only for sources that answer while relayers run (Holds).
+func (e *env) waitUnacked(t *testing.T, want []int64, timeout time.Duration, msg string) {
+	t.Helper()
+	var got []int64
+	ok := waitFor(timeout, func() bool {
+		got = e.src.Unacked(t, e.db)
+		return slices.Equal(got, want)
+	})
+	require.True(t, ok, "%s: %s: left to publish %v, want %v", e.src.Name, msg, got, want)
+}
+
+// waitFor polls cond every 20ms until it holds or timeout passes, and
+// reports whether it held.
+func waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func sortedKeys[V any](m map[int64]V) []int64 {
+	out := make([]int64, 0, len(m))
+	for id := range m {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
