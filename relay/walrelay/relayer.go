@@ -128,10 +128,17 @@ func (r *Relayer) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Stopped while starting is a stop, not a failure (as relay.Run).
 	if err := m.Validate(ctx, r.cfg.Pool); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("walrelay: %w", err)
 	}
 	if err := checkWALLevel(ctx, r.cfg.Pool); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	r.log.Info("wal relay started; waiting to lead", "publication", r.cfg.Publication, "batch_size", r.cfg.BatchSize, "heartbeat_interval", r.cfg.HeartbeatInterval)
