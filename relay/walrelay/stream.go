@@ -31,6 +31,10 @@ type mark struct {
 	timed bool
 }
 
+// statusGap is the least time between two status updates that tell the
+// server of a newly acknowledged position (Config.StatusInterval).
+const statusGap = 100 * time.Millisecond
+
 // batch is what the publisher goroutine publishes; end is the position to
 // acknowledge once it is settled (0: none, the batch ends inside a
 // transaction).
@@ -96,6 +100,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		roundMu    sync.Mutex
 		roundStop  context.CancelFunc
 		lastStatus time.Time
+		sentAcked  pglogrepl.LSN // the position the last status update told
 	)
 	// The batch out outlives ctx when Run is stopping (as the polling
 	// relay's batchContext): it finishes, is acknowledged, then Run
@@ -120,6 +125,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	}
 	sendStatusCtx := func(ctx context.Context) error {
 		lastStatus = time.Now()
+		sentAcked = s.acked
 		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 			WALWritePosition: s.acked, WALFlushPosition: s.acked, WALApplyPosition: s.acked,
 		})
@@ -129,6 +135,17 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		return nil
 	}
 	sendStatus := func() error { return sendStatusCtx(ctx) }
+	// nextStatus is when the next status update is due: StatusInterval
+	// after the last, or statusGap after it once the broker acknowledged
+	// more than the server was told, so that the slot follows the broker
+	// within about statusGap of a batch (and its lag drops to ~0 that
+	// soon after a load stops), without an update per small batch.
+	nextStatus := func() time.Time {
+		if s.acked > sentAcked {
+			return lastStatus.Add(min(statusGap, r.cfg.StatusInterval))
+		}
+		return lastStatus.Add(r.cfg.StatusInterval)
+	}
 	// On the way out, the batch out is stopped (or, when Run is stopping,
 	// let finish), and what the broker acknowledged is told to the
 	// server, so that a restart re-sends as little as it can.
@@ -170,11 +187,6 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 			}
 			inflight = false
 			r.advance(s, b.end)
-			if time.Since(lastStatus) > 100*time.Millisecond {
-				if err := sendStatus(); err != nil {
-					return err
-				}
-			}
 		default:
 		}
 		if !inflight {
@@ -194,7 +206,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 				})
 			}
 		}
-		if time.Since(lastStatus) >= r.cfg.StatusInterval {
+		if !time.Now().Before(nextStatus()) {
 			if err := sendStatus(); err != nil {
 				return err
 			}
@@ -202,7 +214,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		if inflight && (len(s.queue) >= r.cfg.BatchSize || s.bytes >= r.cfg.MaxBatchBytes) {
 			// Back pressure: read on once the batch out is settled,
 			// telling the server meanwhile that we are alive.
-			t := time.NewTimer(time.Until(lastStatus.Add(r.cfg.StatusInterval)))
+			t := time.NewTimer(time.Until(nextStatus()))
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -216,7 +228,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		}
 		if round == nil || round.Err() != nil {
 			var stop context.CancelFunc
-			round, stop = context.WithDeadline(ctx, lastStatus.Add(r.cfg.StatusInterval))
+			round, stop = context.WithDeadline(ctx, nextStatus())
 			roundMu.Lock()
 			if roundStop != nil {
 				roundStop()
