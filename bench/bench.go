@@ -28,8 +28,10 @@ type Config struct {
 	DatabaseURL string
 	// WALDatabaseURL is a server with wal_level=logical, and a role with
 	// REPLICATION, for the wal scenario, which compares the polling relay
-	// with the WAL source there. Defaults to a throwaway cluster started
-	// for the scenario (internal/tmppg: initdb and pg_ctl on the PATH).
+	// with the WAL source and pg_recvlogical there, and for the memory
+	// scenario's WAL relay. Defaults to a throwaway cluster started for
+	// each (internal/tmppg: initdb and pg_ctl on the PATH); the memory
+	// scenario skips its WAL part, with a note, when neither is there.
 	WALDatabaseURL string
 	// Kafka is the broker to publish to. With no Brokers, each run starts
 	// an in-process dev broker (devkafka.Start), so the broker's
@@ -151,8 +153,8 @@ func Scenarios() []Scenario {
 		{"latency", "commit-to-broker-ack latency at a steady emit rate, LISTEN/NOTIFY and poll-only", true, runLatency},
 		{"scale", "claim time and relay throughput with 0, 1M and 10M dispatched rows in the table", true, runScale},
 		{"consumer", "idempotent processing throughput, single and batched", true, runConsumer},
-		{"wal", "polling relay vs WAL source on a wal_level=logical cluster: drain, latency, business tx/s while relaying", false, runWAL},
-		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them", true, runMemory},
+		{"wal", "polling relay vs WAL source vs pg_recvlogical on a wal_level=logical cluster: drain, latency, business tx/s per emit mode while relaying, WAL bytes and cleanup per event", false, runWAL},
+		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them, and of an `outbox relay --mode wal` process streaming 1M events (with its slot lag)", true, runMemory},
 	}
 }
 

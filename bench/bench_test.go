@@ -16,6 +16,7 @@ import (
 	"github.com/pgoutbox/outbox/bench"
 	"github.com/pgoutbox/outbox/cli"
 	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/internal/tmppg"
 )
 
 // cliChildEnv makes the test binary act as the outbox CLI, so the memory
@@ -127,6 +128,14 @@ func TestShortScenariosDrainEveryEvent(t *testing.T) {
 		targets = append(targets, tg.Name)
 	}
 	require.Contains(t, targets, "consumer RSS under load")
+	require.Contains(t, targets, "WAL relay peak RSS streaming 20,000 (backlog + live)")
+	if tmppg.Available() {
+		require.EqualValues(t, 20_000, m["memory.wal.events"])
+		require.GreaterOrEqual(t, m["memory.wal.published"], float64(20_000), "the WAL relay published every event")
+		for _, k := range []string{"memory.wal.idle_rss_bytes", "memory.wal.peak_rss_bytes", "memory.wal.sampled_peak_rss_bytes", "memory.wal.events_per_s", "memory.wal.lag_s"} {
+			require.Positive(t, m[k], k)
+		}
+	}
 }
 
 // The Watermill comparison builds a separate module with the go tool, which

@@ -368,6 +368,10 @@ type drainResult struct {
 	elapsed   time.Duration
 	batches   int64
 	published int64
+	// serverCPU is the walsender's CPU time (WAL readers, a server on
+	// this machine); clientCPU the reader's: pg_recvlogical's, or this
+	// process's (relayer and dev broker). 0 when not measured.
+	serverCPU, clientCPU time.Duration
 }
 
 func (d drainResult) rate() float64 { return perSecond(d.events, d.elapsed) }

@@ -66,6 +66,12 @@ func runMemory(ctx context.Context, s *session) (*Result, error) {
 		return nil, err
 	}
 	memoryReport(res, n, published, rm, cm)
+
+	wm, skipped, err := runMemoryWAL(ctx, s, n)
+	if err != nil {
+		return res, fmt.Errorf("wal relay: %w", err)
+	}
+	walMemoryReport(res, n, wm, skipped)
 	return res, nil
 }
 

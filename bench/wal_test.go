@@ -14,7 +14,8 @@ import (
 )
 
 // The wal scenario with --short on a throwaway wal_level=logical cluster:
-// every row of its three tables reports a non-zero figure.
+// every row of its three tables reports a non-zero figure, pg_recvlogical
+// included (it ships with the server binaries the cluster needs).
 func TestShortWALScenarioReportsEveryRow(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -38,18 +39,53 @@ func TestShortWALScenarioReportsEveryRow(t *testing.T) {
 	t.Log("\n" + out.String())
 
 	m := results[0].Metrics
+	for _, src := range []string{"poll", "wal", "recvlogical"} {
+		for _, backlog := range []string{"", "small."} {
+			require.Positive(t, m["wal.drain."+backlog+src+".events_per_s"], "drain %s%s", backlog, src)
+		}
+	}
 	for _, src := range []string{"poll", "wal"} {
-		require.Positive(t, m["wal.drain."+src+".events_per_s"], "drain %s", src)
-		require.GreaterOrEqual(t, m["wal.drain."+src+".published"], float64(5_000), "drain %s: records on the broker", src)
+		for _, backlog := range []string{"", "small."} {
+			require.GreaterOrEqual(t, m["wal.drain."+backlog+src+".published"], float64(5_000), "drain %s%s: records on the broker", backlog, src)
+		}
 		require.Positive(t, m["wal.latency."+src+".events"], "latency %s", src)
 		require.Positive(t, m["wal.latency."+src+".p50_ms"], "latency %s", src)
 		require.Positive(t, m["wal.business."+src+".relayed"], "business %s: events relayed", src)
 	}
-	for _, run := range []string{"none", "emit", "poll", "wal"} {
-		require.Positive(t, m["wal.business."+run+".tx_per_s"], "business %s", run)
+	runs := []string{"none", "emit", "poll", "wal"}
+	for _, mode := range []string{"insert", "insert_delete", "message"} {
+		runs = append(runs, mode+".none", mode+".recvlogical", mode+".wal")
+		require.Positive(t, m["wal.business."+mode+".wal.relayed"], "business %s: events relayed", mode)
+		require.Positive(t, m["wal.business."+mode+".wal.vs_recvlogical"], "business %s: vs pg_recvlogical", mode)
+		require.Positive(t, m["wal.business."+mode+".wal.wal_bytes_per_event_life"], "business %s: WAL per event", mode)
 	}
+	for _, run := range runs {
+		require.Positive(t, m["wal.business."+run+".tx_per_s"], "business %s", run)
+		if run != "wal" { // the stable key of insert.wal's row
+			require.Positive(t, m["wal.business."+run+".wal_bytes_per_event"], "business %s: WAL per event", run)
+		}
+	}
+	// The polling relay's UPDATEs and ModeInsertDelete's deletes leave dead
+	// tuples; relaying from the WAL leaves none.
+	require.Positive(t, m["wal.business.poll.dead_tuples"])
+	require.Positive(t, m["wal.business.insert_delete.wal.dead_tuples"])
+	require.Zero(t, m["wal.business.insert.wal.dead_tuples"])
+	require.Zero(t, m["wal.business.message.wal.dead_tuples"])
+	require.Positive(t, m["wal.business.poll.cleanup_wal_bytes_per_event"], "cleanup deleted the polled rows")
+	require.Positive(t, m["wal.business.insert.wal.cleanup_wal_bytes_per_event"], "cleanup deleted the rows the slot confirmed")
+
 	require.Len(t, results[0].Tables, 3)
 	for _, tb := range results[0].Tables {
 		require.NotEmpty(t, tb.Rows, tb.Title)
+		for _, row := range tb.Rows {
+			require.NotContains(t, row[1]+row[2], "not run", "%s: %v", tb.Title, row)
+		}
 	}
+	var targets []string
+	for _, tg := range results[0].Targets {
+		targets = append(targets, tg.Name)
+		require.NotContains(t, tg.Measured, "not measured", tg.Name)
+	}
+	require.Contains(t, targets, "business tx/s, WAL relay vs pg_recvlogical: message")
+	require.Contains(t, targets, "WAL bytes per event: insert")
 }
