@@ -159,7 +159,8 @@ func messageItem(content []byte, committed time.Time, prefix string) (item, erro
 	switch {
 	case ev.AggregateID == uuid.Nil:
 		it.err = relay.PermanentReason(relay.ReasonUndecodable, errors.New(`the event's message has no "aggregate_id"`))
-	case len(ev.Payload) == 0 || string(ev.Payload) == "null":
+	case len(ev.Payload) == 0:
+		// A JSON null payload is published as "null", as a row's is.
 		it.err = relay.PermanentReason(relay.ReasonUndecodable, errors.New(`the event's message has no "payload"`))
 	}
 	it.finish(prefix)

@@ -177,7 +177,10 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		defer cancel()
 		_ = sendStatusCtx(sctx) // best effort: the slot keeps the last one otherwise
 	}()
-	var round context.Context
+	var (
+		round    context.Context
+		roundEnd time.Time
+	)
 	for {
 		// A settled batch moves the acknowledged position.
 		select {
@@ -226,9 +229,13 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 			t.Stop()
 			continue
 		}
-		if round == nil || round.Err() != nil {
+		// A new round also when a status update fell due sooner than the
+		// round ends (a commit or heartbeat with nothing queued moved the
+		// acknowledged position).
+		if round == nil || round.Err() != nil || nextStatus().Before(roundEnd) {
 			var stop context.CancelFunc
-			round, stop = context.WithDeadline(ctx, nextStatus())
+			roundEnd = nextStatus()
+			round, stop = context.WithDeadline(ctx, roundEnd)
 			roundMu.Lock()
 			if roundStop != nil {
 				roundStop()
