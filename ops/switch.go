@@ -506,8 +506,11 @@ func PrepareSwitchToPoll(ctx context.Context, pool *pgxpool.Pool, cfg SwitchToPo
 		st, marked, cut, err := w.mark(ctx, conn.Conn())
 		res.Transaction, res.Cut = time.Since(began), cut
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "40001" && res.Attempts < maxMarkAttempts {
-			continue // a row the snapshot sees changed meanwhile: a new cut
+		// A row the snapshot sees changed meanwhile (40001), or the
+		// UPDATE deadlocked with a WAL relayer parking rows (40P01):
+		// nothing was marked; again, with a new cut.
+		if errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") && res.Attempts < maxMarkAttempts {
+			continue
 		}
 		if err != nil {
 			return res, err
@@ -541,8 +544,15 @@ func (w *slotWaiter) mark(ctx context.Context, conn *pgx.Conn) (st slotState, ma
 	if st, err = w.wait(ctx, cut, true); err != nil {
 		return st, 0, cut, err
 	}
-	tag, err := tx.Exec(ctx, render(switchMarkSQL, w.cfg.Tables))
+	// Bounded by the switch's deadline too: the UPDATE may wait for row
+	// locks (a park in progress).
+	uctx, cancel := context.WithDeadline(ctx, w.deadline)
+	defer cancel()
+	tag, err := tx.Exec(uctx, render(switchMarkSQL, w.cfg.Tables))
 	if err != nil {
+		if uctx.Err() != nil && ctx.Err() == nil {
+			return st, 0, cut, fmt.Errorf("%w: the marking UPDATE of %s waited for row locks past the timeout (%s); nothing was marked: run it again: %v", ErrSwitchTimeout, w.cfg.Tables.OutboxIdent(), w.cfg.Timeout, err)
+		}
 		return st, 0, cut, fmt.Errorf("ops: mark the rows of %s the slot confirmed dispatched: %w", w.cfg.Tables.OutboxIdent(), err)
 	}
 	if err := tx.Commit(ctx); err != nil {
