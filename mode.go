@@ -11,6 +11,11 @@ import (
 // --mode wal`, package relay/walrelay), which reads them from the
 // write-ahead log. BENCHMARKS.md ("wal") measures what each costs the
 // business transactions.
+//
+// Use a WAL-only mode only once the outbox's replication slot exists
+// (`outbox switch to-wal`, or `outbox relay --mode wal --setup-only`) on
+// a server with wal_level=logical: an event written before is in no slot
+// and has no row, so it is lost, and its commit reports no error.
 type Mode int
 
 const (
