@@ -317,10 +317,11 @@ func TestPoisonEventIsParkedAndStreamGoesOn(t *testing.T) {
 	recs := kafkatest.Read(t, b.broker.Addr(), 20*time.Second, kafkatest.AtLeastThenQuiet(2, 500*time.Millisecond), "order")
 	require.Len(t, recs, 2)
 	require.Equal(t, []int64{good1, good2}, []int64{kafkatest.EventID(recs[0]), kafkatest.EventID(recs[1])})
+	// Parking follows the publish of its batch: wait for it.
 	var reason string
+	require.Eventually(t, func() bool { return r.Stats().Parked == 1 }, 5*time.Second, 10*time.Millisecond, "parked: %d", r.Stats().Parked)
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT reason FROM `+migrate.ParkedIdent(b.db.Tables)+` WHERE id = $1`, bad).Scan(&reason))
 	require.Equal(t, "wal relay: reserved_header", reason)
-	require.EqualValues(t, 1, r.Stats().Parked)
 }
 
 // A second reader of the slot that is not a relayer: a clear error.
