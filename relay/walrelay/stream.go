@@ -35,6 +35,25 @@ type mark struct {
 // server of a newly acknowledged position (Config.StatusInterval).
 const statusGap = 100 * time.Millisecond
 
+// While the stream is behind (the transaction being read committed more
+// than behindAge ago), a batch waits up to lingerMax for more events
+// before it goes out, instead of leaving with whatever was read: when
+// the walsender feeds events slowly (a backlog on a busy server), batches
+// of a few events spend the relayer's CPU per batch, which the walsender
+// needs. Latency does not suffer: the events are behindAge late already.
+// A relayer whose clock runs ahead of the server's by more than
+// behindAge lingers always, adding up to lingerMax.
+const (
+	behindAge = 100 * time.Millisecond
+	lingerMax = 20 * time.Millisecond
+)
+
+// lingering reports whether the queue waits for more before it goes out.
+func (r *Relayer) lingering(s *streamState, now time.Time) bool {
+	return len(s.queue) > 0 && len(s.queue) < r.cfg.BatchSize && s.bytes < r.cfg.MaxBatchBytes &&
+		!s.commit.IsZero() && now.Sub(s.commit) > behindAge && now.Sub(s.queuedAt) < lingerMax
+}
+
 // batch is what the publisher goroutine publishes; end is the position to
 // acknowledge once it is settled (0: none, the batch ends inside a
 // transaction).
@@ -49,14 +68,16 @@ type batch struct {
 
 // streamState is the stream's bookkeeping, owned by the stream goroutine.
 type streamState struct {
-	rels    map[uint32]*relation
-	inTx    bool
-	commit  time.Time // the open transaction's commit time
-	queue   []item
-	bytes   int    // of the queue's items (item.size)
-	marks   []mark // in stream order; n relative to queue
-	acked   pglogrepl.LSN
-	pending []mark // handed off or queued commits not yet acknowledged, for Lag
+	rels   map[uint32]*relation
+	inTx   bool
+	commit time.Time // the open transaction's commit time
+	// queuedAt is when the queue last went from empty to not.
+	queuedAt time.Time
+	queue    []item
+	bytes    int    // of the queue's items (item.size)
+	marks    []mark // in stream order; n relative to queue
+	acked    pglogrepl.LSN
+	pending  []mark // handed off or queued commits not yet acknowledged, for Lag
 }
 
 // stream reads the slot from its confirmed position and publishes in
@@ -199,7 +220,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 				r.advance(s, s.marks[0].lsn)
 				s.marks = s.marks[1:]
 			}
-			if len(s.queue) > 0 {
+			if len(s.queue) > 0 && !r.lingering(s, time.Now()) {
 				b := s.take(r.cfg.BatchSize, r.cfg.MaxBatchBytes)
 				inflight = true
 				wg.Go(func() {
@@ -231,10 +252,14 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		}
 		// A new round also when a status update fell due sooner than the
 		// round ends (a commit or heartbeat with nothing queued moved the
-		// acknowledged position).
-		if round == nil || round.Err() != nil || nextStatus().Before(roundEnd) {
+		// acknowledged position), or a lingering batch must go out sooner.
+		want := nextStatus()
+		if l := s.queuedAt.Add(lingerMax); !inflight && r.lingering(s, time.Now()) && l.Before(want) {
+			want = l
+		}
+		if round == nil || round.Err() != nil || want.Before(roundEnd) {
 			var stop context.CancelFunc
-			roundEnd = nextStatus()
+			roundEnd = want
 			round, stop = context.WithDeadline(ctx, roundEnd)
 			roundMu.Lock()
 			if roundStop != nil {
@@ -361,6 +386,9 @@ func (s *streamState) take(n, maxBytes int) batch {
 
 // enqueue queues it for the publisher.
 func (r *Relayer) enqueue(s *streamState, it item) {
+	if len(s.queue) == 0 {
+		s.queuedAt = time.Now()
+	}
 	s.queue = append(s.queue, it)
 	s.bytes += it.size()
 	if int64(s.bytes) > r.queuedBytesMax.Load() {
