@@ -139,27 +139,14 @@ func (b *bundle) emit(t *testing.T, agg uuid.UUID, typ string, payload any) int6
 }
 
 // record is what a test reads back from the broker.
-type record struct {
-	Topic     string
-	Partition int32
-	Offset    int64
-	Key       string
-	Value     string
-	Headers   map[string]string
-	EventID   int64
-}
+type record = kafkatest.Record
 
 // consume reads every record of topics from the beginning until want
-// records arrived, or fails after timeout. Records arriving in a short quiet
-// period after that are included, so duplicates are seen.
+// records arrived (and a short quiet period more, so duplicates are seen),
+// or fails after timeout.
 func (b *bundle) consume(t *testing.T, want int, timeout time.Duration, topics ...string) []record {
 	t.Helper()
-	var out []record
-	for _, r := range kafkatest.Read(t, b.broker.Addr(), timeout, kafkatest.AtLeastThenQuiet(want, 300*time.Millisecond), topics...) {
-		out = append(out, record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value),
-			Headers: kafkatest.Headers(r), EventID: kafkatest.EventID(r)})
-	}
-	return out
+	return kafkatest.Collect(t, b.broker.Addr(), want, timeout, topics...)
 }
 
 // checkOrder asserts that each key lives in exactly one partition and that,

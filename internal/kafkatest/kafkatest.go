@@ -79,3 +79,27 @@ func EventID(r *kgo.Record) int64 {
 	}
 	return 0
 }
+
+// Record is a record read back, in the terms tests check it by.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       string
+	Value     string
+	Headers   map[string]string
+	EventID   int64
+}
+
+// Collect reads every record of topics from their start until want
+// records arrived, or fails t after timeout. Records arriving in a short
+// quiet period after that are included, so duplicates are seen.
+func Collect(t testing.TB, addr string, want int, timeout time.Duration, topics ...string) []Record {
+	t.Helper()
+	var out []Record
+	for _, r := range Read(t, addr, timeout, AtLeastThenQuiet(want, 300*time.Millisecond), topics...) {
+		out = append(out, Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: string(r.Key), Value: string(r.Value),
+			Headers: Headers(r), EventID: EventID(r)})
+	}
+	return out
+}
