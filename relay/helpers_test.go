@@ -156,32 +156,7 @@ func (b *bundle) consume(t *testing.T, want int, timeout time.Duration, topics .
 // comes after a later event's does not.
 func checkOrder(t *testing.T, recs []record) {
 	t.Helper()
-	partOf := map[string]int32{}
-	byPart := map[int32][]record{}
-	for _, r := range recs {
-		if p, ok := partOf[r.Key]; ok {
-			require.Equal(t, p, r.Partition, "key %s in two partitions", r.Key)
-		}
-		partOf[r.Key] = r.Partition
-		byPart[r.Partition] = append(byPart[r.Partition], r)
-	}
-	seen := map[int64]bool{}
-	last := map[string]record{} // per key, the latest first delivery
-	for _, rs := range byPart {
-		slices.SortFunc(rs, func(a, b record) int { return int(a.Offset - b.Offset) })
-		for _, r := range rs {
-			if seen[r.EventID] {
-				continue
-			}
-			seen[r.EventID] = true
-			if prev, ok := last[r.Key]; ok && r.EventID < prev.EventID {
-				require.Failf(t, "per-aggregate order broken",
-					"aggregate %s: event %d first arrived at offset %d of partition %d, after event %d at offset %d",
-					r.Key, r.EventID, r.Offset, r.Partition, prev.EventID, prev.Offset)
-			}
-			last[r.Key] = r
-		}
-	}
+	kafkatest.CheckOrder(t, recs, func(id int64) int64 { return id })
 }
 
 // appPool opens a pool on the test's schema whose connections carry a

@@ -5,6 +5,7 @@ package kafkatest
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -102,4 +103,40 @@ func Collect(t testing.TB, addr string, want int, timeout time.Duration, topics 
 			Headers: Headers(r), EventID: EventID(r)})
 	}
 	return out
+}
+
+// CheckOrder asserts that each key lives in exactly one partition and
+// that, per key, the first delivery of each event comes in ascending
+// rank (the aggregate's commit order: the event id where ids follow it).
+// That is the order a deduplicating consumer applies events in:
+// at-least-once re-sends (a suffix delivered again) pass, an event whose
+// first delivery comes after a later event's does not.
+func CheckOrder(t testing.TB, recs []Record, rank func(eventID int64) int64) {
+	t.Helper()
+	partOf := map[string]int32{}
+	byPart := map[int32][]Record{}
+	for _, r := range recs {
+		if p, ok := partOf[r.Key]; ok {
+			require.Equal(t, p, r.Partition, "key %s in two partitions", r.Key)
+		}
+		partOf[r.Key] = r.Partition
+		byPart[r.Partition] = append(byPart[r.Partition], r)
+	}
+	seen := map[int64]bool{}
+	last := map[string]Record{} // per key, the latest first delivery
+	for _, rs := range byPart {
+		slices.SortFunc(rs, func(a, b Record) int { return int(a.Offset - b.Offset) })
+		for _, r := range rs {
+			if seen[r.EventID] {
+				continue
+			}
+			seen[r.EventID] = true
+			if prev, ok := last[r.Key]; ok && rank(r.EventID) < rank(prev.EventID) {
+				require.Failf(t, "per-aggregate order broken",
+					"aggregate %s: event %d (rank %d) first arrived at offset %d of partition %d, after event %d (rank %d) at offset %d",
+					r.Key, r.EventID, rank(r.EventID), r.Offset, r.Partition, prev.EventID, rank(prev.EventID), prev.Offset)
+			}
+			last[r.Key] = r
+		}
+	}
 }

@@ -441,32 +441,7 @@ func total(dups map[int64]int) int {
 // a later event's does not.
 func checkOrder(t *testing.T, committed map[int64]event, recs []record) {
 	t.Helper()
-	partOf := map[string]int32{}
-	byPart := map[int32][]record{}
-	for _, r := range recs {
-		if p, ok := partOf[r.Key]; ok {
-			require.Equal(t, p, r.Partition, "key %s in two partitions", r.Key)
-		}
-		partOf[r.Key] = r.Partition
-		byPart[r.Partition] = append(byPart[r.Partition], r)
-	}
-	seen := map[int64]bool{}
-	last := map[string]record{} // per key, the latest first delivery
-	for _, rs := range byPart {
-		slices.SortFunc(rs, func(a, b record) int { return int(a.Offset - b.Offset) })
-		for _, r := range rs {
-			if seen[r.EventID] {
-				continue
-			}
-			seen[r.EventID] = true
-			if prev, ok := last[r.Key]; ok && committed[r.EventID].seq < committed[prev.EventID].seq {
-				require.Failf(t, "per-aggregate order broken",
-					"aggregate %s: event %d (seq %d) first arrived at offset %d of partition %d, after event %d (seq %d) at offset %d",
-					r.Key, r.EventID, committed[r.EventID].seq, r.Offset, r.Partition, prev.EventID, committed[prev.EventID].seq, prev.Offset)
-			}
-			last[r.Key] = r
-		}
-	}
+	kafkatest.CheckOrder(t, recs, func(id int64) int64 { return committed[id].seq })
 }
 
 // waitUnacked waits until the source has exactly want (ascending) left to
