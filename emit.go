@@ -271,7 +271,10 @@ func (p *Producer) QueueEmitContext(ctx context.Context, batch *pgx.Batch, ev Ev
 		return nil
 	})
 	if p.cfg.Mode == ModeInsertDelete {
-		batch.Queue(p.deleteOne)
+		batch.Queue(p.deleteOne).Fn = func(br pgx.BatchResults) error {
+			ct, err := br.Exec()
+			return p.checkDeleted(ct.RowsAffected(), 1, err)
+		}
 	}
 	return q, nil
 }
@@ -327,8 +330,9 @@ func (p *Producer) EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) ([]
 		return nil, p.insertErr(err)
 	}
 	if p.cfg.Mode == ModeInsertDelete {
-		if _, err := tx.Exec(ctx, p.deleteBatch, ids); err != nil {
-			return nil, p.deleteErr(err)
+		ct, err := tx.Exec(ctx, p.deleteBatch, ids)
+		if err = p.checkDeleted(ct.RowsAffected(), len(ids), err); err != nil {
+			return nil, err
 		}
 	}
 	return p.orderIDs(ids, len(events))
@@ -379,14 +383,25 @@ func (p *Producer) deleteSQL(ctx context.Context, tx *sql.Tx, ids []int64) error
 	for i, id := range ids {
 		lit[i] = strconv.FormatInt(id, 10)
 	}
-	if _, err := tx.ExecContext(ctx, p.deleteBatch, "{"+strings.Join(lit, ",")+"}"); err != nil {
-		return p.deleteErr(err)
+	res, err := tx.ExecContext(ctx, p.deleteBatch, "{"+strings.Join(lit, ",")+"}")
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
 	}
-	return nil
+	return p.checkDeleted(n, len(ids), err)
 }
 
-func (p *Producer) deleteErr(err error) error {
-	return fmt.Errorf("outbox: delete the rows just inserted from %s (ModeInsertDelete): %w", p.cfg.Tables.OutboxIdent(), err)
+// checkDeleted makes the delete's error, or a count of deleted rows other
+// than the inserted ones' (a trigger or rule in the way), the caller's:
+// the transaction must not commit with the rows left in the table.
+func (p *Producer) checkDeleted(deleted int64, inserted int, err error) error {
+	if err == nil && deleted != int64(inserted) {
+		err = fmt.Errorf("deleted %d rows, want the %d just inserted", deleted, inserted)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: delete the rows just inserted from %s (ModeInsertDelete): %w", p.cfg.Tables.OutboxIdent(), err)
+	}
+	return nil
 }
 
 // collectSQL runs an insert through database/sql and reads its ids (n is

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
@@ -160,4 +161,63 @@ func TestInsertDeleteUsesThePrimaryKey(t *testing.T) {
 		return nil
 	}))
 	require.Equal(t, 5000, countRows(t, db))
+}
+
+// In ModeInsertDelete, a delete that fails or leaves the inserted rows in
+// the table (a trigger or rule in its way) fails the emit with an error
+// that says so, in every entry point: the caller's transaction must not
+// commit with rows the WAL source's cleanup does not expect.
+func TestInsertDeleteFailsWhenTheDeleteMisses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := setup(t, outbox.Config{Mode: outbox.ModeInsertDelete})
+	_, err := db.Pool.Exec(ctx, `CREATE FUNCTION `+pgx.Identifier{db.Tables.Schema, "keep"}.Sanitize()+`() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+		CREATE TRIGGER keep BEFORE DELETE ON `+db.Tables.OutboxIdent()+` FOR EACH ROW EXECUTE FUNCTION `+pgx.Identifier{db.Tables.Schema, "keep"}.Sanitize()+`()`)
+	require.NoError(t, err)
+	ev := outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 1}
+	const want = "(ModeInsertDelete): deleted 0 rows, want the"
+
+	pgxCases := map[string]func(tx pgx.Tx) error{
+		"Emit": func(tx pgx.Tx) error { _, err := p.Emit(ctx, tx, ev); return err },
+		"EmitBatch": func(tx pgx.Tx) error {
+			_, err := p.EmitBatch(ctx, tx, []outbox.Event{ev, ev})
+			return err
+		},
+		"QueueEmit": func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			if _, err := p.QueueEmit(b, ev); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, b).Close()
+		},
+	}
+	for name, emit := range pgxCases {
+		err := pgx.BeginFunc(ctx, db.Pool, emit)
+		require.ErrorContains(t, err, want, name)
+	}
+	sdb, err := sql.Open("pgx", db.URL)
+	require.NoError(t, err)
+	defer sdb.Close()
+	sqlCases := map[string]func(tx *sql.Tx) error{
+		"EmitSQL": func(tx *sql.Tx) error { _, err := p.EmitSQL(ctx, tx, ev); return err },
+		"EmitBatchSQL": func(tx *sql.Tx) error {
+			_, err := p.EmitBatchSQL(ctx, tx, []outbox.Event{ev, ev})
+			return err
+		},
+	}
+	for name, emit := range sqlCases {
+		tx, err := sdb.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		require.ErrorContains(t, emit(tx), want, name)
+		require.NoError(t, tx.Rollback())
+	}
+	require.Zero(t, countRows(t, db), "every transaction rolled back")
+
+	// A delete that fails is the caller's error too, the server's kept.
+	_, err = db.Pool.Exec(ctx, `CREATE OR REPLACE FUNCTION `+pgx.Identifier{db.Tables.Schema, "keep"}.Sanitize()+`() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RAISE EXCEPTION ''no deletes here''; END'`)
+	require.NoError(t, err)
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { _, err := p.Emit(ctx, tx, ev); return err })
+	require.ErrorContains(t, err, "(ModeInsertDelete): ERROR: no deletes here")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
 }
