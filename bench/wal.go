@@ -56,7 +56,7 @@ func runWAL(ctx context.Context, s *session) (*Result, error) {
 	res.param("server", "%s, Postgres %s, wal_level=logical, fsync=%s, synchronous_commit=%s, autovacuum=%s; the same server, schema and dev broker for every row",
 		server, version, setting(ctx, e, "fsync"), setting(ctx, e, "synchronous_commit"), setting(ctx, e, "autovacuum"))
 	res.param("poll", "relay.New with defaults (batch 5,000, LISTEN/NOTIFY, busy polling), 1 relayer, in this process")
-	res.param("wal", "walrelay.New with defaults (batch 5,000, pgoutput proto_version 1, messages, status update every 1s), in this process; slot and publication created before the events and dropped after each row")
+	res.param("wal", "walrelay.New with defaults (batch 5,000, pgoutput proto_version 1, messages, status update every 1s, linger %s), in this process; slot and publication created before the events and dropped after each row", walrelay.DefaultLinger)
 	if recvErr == nil {
 		res.param("pg_recvlogical", "%s %s, output to /dev/null: the same slot options as the relayer, the least a reader of the slot costs the server and the most it can read", recv, strings.Join(recvlogicalArgs("<slot>", "<publication>", ""), " "))
 	} else {
@@ -226,7 +226,8 @@ func (e *env) teardownSlot(ctx context.Context, slot string) error {
 
 // startWAL runs one WAL relayer on the env's slot (setupSlot first);
 // wrap, if set, wraps its publisher.
-func (e *env) startWAL(ctx context.Context, b *broker, prefix string, wrap func(relay.Publisher) relay.Publisher) (*walRelay, error) {
+// linger is its Config.Linger (0: the default).
+func (e *env) startWAL(ctx context.Context, b *broker, prefix string, linger time.Duration, wrap func(relay.Publisher) relay.Publisher) (*walRelay, error) {
 	pool, err := e.newPool(ctx, 4)
 	if err != nil {
 		return nil, err
@@ -240,7 +241,7 @@ func (e *env) startWAL(ctx context.Context, b *broker, prefix string, wrap func(
 	if wrap != nil {
 		pub = wrap(pub)
 	}
-	r, err := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub, Tables: e.tables, TopicPrefix: prefix, SkipSetup: true, Logger: e.s.cfg.Logger})
+	r, err := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub, Tables: e.tables, TopicPrefix: prefix, SkipSetup: true, Linger: linger, Logger: e.s.cfg.Logger})
 	if err != nil {
 		client.Close()
 		pool.Close()
@@ -320,15 +321,22 @@ func walLatency(ctx context.Context, s *session, e *env, res *Result, window tim
 		return fmt.Errorf("poll latency: %w", err)
 	}
 	s.progress("wal: latency at 1,000 events/s, WAL relay")
-	wal, err := walLatencyOnce(ctx, s, e, r, window)
+	wal, err := walLatencyOnce(ctx, s, e, r, window, 0)
 	if err != nil {
 		return fmt.Errorf("wal latency: %w", err)
+	}
+	s.progress("wal: latency at 1,000 events/s, WAL relay, linger off")
+	walNow, err := walLatencyOnce(ctx, s, e, r, window, -1)
+	if err != nil {
+		return fmt.Errorf("wal latency, linger off: %w", err)
 	}
 	t := Table{Title: "commit-to-broker-ack latency at 1,000 events/s", Columns: []string{"source", "achieved ev/s", "events", "p50 ms", "p99 ms", "max ms", "emit tx p50 ms"}}
 	for _, x := range []struct {
 		key, name string
 		st        latencyStats
-	}{{"poll", "polling relay (LISTEN/NOTIFY + busy polling)", poll}, {"wal", "WAL source (NOTIFY off)", wal}} {
+	}{{"poll", "polling relay (LISTEN/NOTIFY + busy polling)", poll},
+		{"wal", fmt.Sprintf("WAL source (NOTIFY off; linger %s, the default)", walrelay.DefaultLinger), wal},
+		{"wal_no_linger", "WAL source, linger off", walNow}} {
 		p50, p99, mx := percentile(x.st.lat, 50), percentile(x.st.lat, 99), percentile(x.st.lat, 100)
 		t.Rows = append(t.Rows, []string{x.name, rate(x.st.achieved), thousands(x.st.events), ms(p50), ms(p99), ms(mx), ms(percentile(x.st.commit, 50))})
 		res.metric("wal.latency."+x.key+".p50_ms", float64(p50)/float64(time.Millisecond))
@@ -340,7 +348,7 @@ func walLatency(ctx context.Context, s *session, e *env, res *Result, window tim
 }
 
 // walLatencyOnce is latencyOnce with the WAL source.
-func walLatencyOnce(ctx context.Context, s *session, e *env, r latencyRun, window time.Duration) (st latencyStats, err error) {
+func walLatencyOnce(ctx context.Context, s *session, e *env, r latencyRun, window, linger time.Duration) (st latencyStats, err error) {
 	if err := e.exec(ctx, "TRUNCATE "+e.tables.OutboxIdent()); err != nil {
 		return st, err
 	}
@@ -361,7 +369,7 @@ func walLatencyOnce(ctx context.Context, s *session, e *env, r latencyRun, windo
 		return st, err
 	}
 	clock := &ackClock{acked: map[int64]time.Time{}, commited: map[int64]time.Time{}}
-	w, err := e.startWAL(ctx, b, prefix, func(pub relay.Publisher) relay.Publisher { clock.Publisher = pub; return clock })
+	w, err := e.startWAL(ctx, b, prefix, linger, func(pub relay.Publisher) relay.Publisher { clock.Publisher = pub; return clock })
 	if err != nil {
 		return st, err
 	}

@@ -50,6 +50,10 @@ func TestShortWALScenarioReportsEveryRow(t *testing.T) {
 		}
 		require.Positive(t, m["wal.latency."+src+".events"], "latency %s", src)
 		require.Positive(t, m["wal.latency."+src+".p50_ms"], "latency %s", src)
+		if src == "wal" {
+			require.Positive(t, m["wal.latency.wal_no_linger.events"], "latency wal, linger off")
+			require.Positive(t, m["wal.latency.wal_no_linger.p50_ms"], "latency wal, linger off")
+		}
 		// Published at all (within the window or while catching up: a
 		// loaded machine may relay nothing within a --short window). The
 		// "wal" row is ModeInsert's, "insert.wal", checked below.

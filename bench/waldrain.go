@@ -205,7 +205,7 @@ func drainWAL(ctx context.Context, s *session, e *env, n int64) (d drainResult, 
 	slot := walrelay.DefaultName(e.tables)
 	watch := e.watchWalsender(ctx, slot)
 	cpu0 := selfCPU()
-	w, err := e.startWAL(ctx, b, prefix, nil)
+	w, err := e.startWAL(ctx, b, prefix, 0, nil)
 	if err != nil {
 		watch.stop(ctx, e, slot)
 		return d, err

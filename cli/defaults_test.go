@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
 type nopPublisher struct{}
@@ -58,6 +59,10 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 		{"relay", "processed-retention", ops.DefaultProcessedRetention},
 		{"relay", "cleanup-batch-size", ops.DefaultCleanupBatch},
 		{"relay", "cleanup-pause", ops.DefaultCleanupPause},
+		{"relay", "linger", walrelay.DefaultLinger},
+		{"relay", "heartbeat-interval", walrelay.DefaultHeartbeatInterval},
+		{"relay", "leader-poll-interval", walrelay.DefaultLeaderPollInterval},
+		{"relay", "unknown-topic-grace", walrelay.DefaultUnknownTopicGrace},
 		{"cleanup", "retention", ops.DefaultRetention},
 		{"cleanup", "processed-retention", ops.DefaultProcessedRetention},
 		{"cleanup", "batch-size", ops.DefaultCleanupBatch},

@@ -35,6 +35,7 @@ func (w *walOptions) register(f *pflag.FlagSet) {
 	durationVar(f, &w.cfg.HeartbeatInterval, "heartbeat-interval", walrelay.DefaultHeartbeatInterval, "--mode wal: how often the leader writes a heartbeat message so the slot advances while the outbox is idle")
 	f.Int64Var(&w.maxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "--mode wal: the watchdog job warns when the slot is further behind than this many bytes of WAL")
 	durationVar(f, &w.maxSlotInactive, "max-slot-inactive", ops.DefaultStuckAfter, "--mode wal: the watchdog job warns when the slot has had no reader for longer (PG 17+, which records since when)")
+	durationVar(f, &w.cfg.Linger, "linger", walrelay.DefaultLinger, "--mode wal: how long an event may wait so that one read of the stream takes in many (less CPU per event on a busy outbox; nothing waits below about 1/linger events per second); 0 turns it off, for the lowest latency")
 	durationVar(f, &w.cfg.LeaderPollInterval, "leader-poll-interval", walrelay.DefaultLeaderPollInterval, "--mode wal: how often a standby tries to take over the slot")
 	durationVar(f, &w.cfg.UnknownTopicGrace, "unknown-topic-grace", walrelay.DefaultUnknownTopicGrace, "--mode wal: how long an event whose topic the broker does not know is retried, holding the stream, before it is parked")
 }
@@ -131,6 +132,12 @@ func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, clien
 	cfg.ShutdownTimeout = o.cfg.ShutdownTimeout
 	if cfg.HeartbeatInterval == 0 {
 		return errors.New("--heartbeat-interval 0: use a positive duration, or a negative one to turn heartbeats off")
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = -1 // off; walrelay reads 0 as its default
+	}
+	if cfg.Linger < -1 {
+		return fmt.Errorf("--linger %s: use a positive duration such as 2ms, or 0 to turn it off", o.wal.cfg.Linger)
 	}
 	r, err := walrelay.New(cfg)
 	if err != nil {

@@ -22,6 +22,7 @@ const (
 	DefaultBackoffMin         = 100 * time.Millisecond
 	DefaultBackoffMax         = 30 * time.Second
 	DefaultUnknownTopicGrace  = 30 * time.Second
+	DefaultLinger             = 2 * time.Millisecond
 	// MaxStatusInterval caps StatusInterval: the server's walsender ends a
 	// stream that goes wal_sender_timeout (60s by default) without a
 	// status update, and the slot's position should not lag the broker
@@ -74,6 +75,16 @@ type Config struct {
 	// the slot's lag falls to ~0 that soon after a load stops. Defaults to
 	// DefaultStatusInterval (1s); at most MaxStatusInterval (10s).
 	StatusInterval time.Duration
+	// Linger is how long the relayer lets the replication connection fill
+	// before it reads again, once a read took in everything the server had
+	// sent: on a busy outbox, one read then takes in many transactions,
+	// instead of one message each, which saves the relayer about a third
+	// of its CPU per event (CPU the database needs too, on a shared host)
+	// and makes batches larger. An event waits at most this long for it;
+	// the first after a quiet spell is read at once, and a stream that is
+	// behind is read without pause. A negative value turns it off, for the
+	// lowest latency. Defaults to DefaultLinger (2ms).
+	Linger time.Duration
 	// HeartbeatInterval is how often the leader writes a non-transactional
 	// logical message (prefix HeartbeatPrefix), so that the slot's position
 	// advances while the outbox is idle and other tables fill the WAL. A
@@ -154,6 +165,12 @@ func (cfg *Config) applyDefaults() error {
 	}
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = DefaultLinger
+	}
+	if cfg.Linger > time.Second {
+		return fmt.Errorf("walrelay: Linger is %s; use at most 1s (a few milliseconds is enough to take in many transactions per read), or a negative value to turn it off", cfg.Linger)
 	}
 	for _, f := range []struct {
 		name string

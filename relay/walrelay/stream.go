@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -92,6 +93,16 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	// and leaves the stream as it is.
 	pc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	if r.cfg.Linger > 0 {
+		dial := pc.DialFunc
+		pc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newLingerConn(c, r.cfg.Linger), nil
+		}
 	}
 	maps.Copy(pc.RuntimeParams, keepaliveParams)
 	pc.RuntimeParams["replication"] = "database"
