@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 
 // needLogical skips (fails in CI) when no wal_level=logical cluster could
 // be started, and returns its URL.
-func needLogical(t *testing.T) string {
+func needLogical(t testing.TB) string {
 	t.Helper()
 	if logicalErr != nil {
 		if os.Getenv("CI") == "true" {
@@ -65,7 +65,7 @@ type bundle struct {
 	slot     string
 }
 
-func setup(t *testing.T) *bundle {
+func setup(t testing.TB) *bundle {
 	t.Helper()
 	db, slot := logicalOutbox(t)
 	b, err := devkafka.Start(devkafka.Config{Partitions: 6})
@@ -79,7 +79,7 @@ func setup(t *testing.T) *bundle {
 // logicalOutbox creates an outbox in a schema of its own on the logical
 // cluster, and returns it with the name of its slot (and publication),
 // which is torn down when t ends, once its relayers have stopped.
-func logicalOutbox(t *testing.T) (*pgtest.DB, string) {
+func logicalOutbox(t testing.TB) (*pgtest.DB, string) {
 	t.Helper()
 	url := needLogical(t)
 	db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url})
@@ -99,7 +99,7 @@ func logicalOutbox(t *testing.T) (*pgtest.DB, string) {
 	return db, slot
 }
 
-func (b *bundle) relayer(t *testing.T, mod func(*walrelay.Config)) *walrelay.Relayer {
+func (b *bundle) relayer(t testing.TB, mod func(*walrelay.Config)) *walrelay.Relayer {
 	t.Helper()
 	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
 		Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
@@ -123,7 +123,7 @@ func (b *bundle) relayer(t *testing.T, mod func(*walrelay.Config)) *walrelay.Rel
 }
 
 // run starts r; stop cancels it and waits for Run's nil.
-func run(t *testing.T, r *walrelay.Relayer) (stop func()) {
+func run(t testing.TB, r *walrelay.Relayer) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -145,7 +145,7 @@ func run(t *testing.T, r *walrelay.Relayer) (stop func()) {
 }
 
 // waitLeading waits until r leads.
-func waitLeading(t *testing.T, r *walrelay.Relayer) {
+func waitLeading(t testing.TB, r *walrelay.Relayer) {
 	t.Helper()
 	require.Eventually(t, func() bool { return r.Stats().Leading }, 15*time.Second, 20*time.Millisecond, "relayer never led")
 }

@@ -88,9 +88,10 @@ type streamState struct {
 // stopped at once.
 func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error {
 	pc := r.cfg.Pool.Config().ConnConfig.Config.Copy()
-	// A cancelled receive (each round's deadline) must not send the
-	// walsender a cancel request: a deadline on the socket ends the read
-	// and leaves the stream as it is.
+	// A cancelled operation (a status update, the read to a commit at
+	// shutdown) must not send the walsender a cancel request: a deadline
+	// on the socket ends it and leaves the stream as it is. The stream's
+	// own reads use deadlines directly (the rounds below).
 	pc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
@@ -127,10 +128,17 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 
 	done := make(chan batch, 1)
 	var (
-		inflight   bool
-		wg         sync.WaitGroup
+		inflight bool
+		wg       sync.WaitGroup
+		// The stream is read in rounds, each ending at a deadline on the
+		// connection (not a context per read, which costs allocations
+		// and a goroutine per message): when a status update falls due
+		// or a lingering batch must go out. A settled batch, or ctx's
+		// end, ends the round at once (wake).
 		roundMu    sync.Mutex
-		roundStop  context.CancelFunc
+		roundArmed bool // the connection's read deadline is roundEnd
+		roundEnd   time.Time
+		closing    bool // the stream is over: wake no more
 		lastStatus time.Time
 		sentAcked  pglogrepl.LSN // the position the last status update told
 	)
@@ -148,13 +156,16 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		context.AfterFunc(pubCtx, func() { t.Stop() })
 	})
 	defer stopGrace()
+	netConn := conn.Conn()
 	wake := func() {
 		roundMu.Lock()
-		if roundStop != nil {
-			roundStop()
+		if !closing {
+			roundArmed = false
+			_ = netConn.SetReadDeadline(time.Unix(1, 0))
 		}
 		roundMu.Unlock()
 	}
+	defer context.AfterFunc(ctx, wake)()
 	sendStatusCtx := func(ctx context.Context) error {
 		lastStatus = time.Now()
 		sentAcked = s.acked
@@ -182,6 +193,11 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	// let finish), and what the broker acknowledged is told to the
 	// server, so that a restart re-sends as little as it can.
 	defer func() {
+		// Reads from here on (readToCommit) have their own deadlines.
+		roundMu.Lock()
+		closing = true
+		_ = netConn.SetReadDeadline(time.Time{})
+		roundMu.Unlock()
 		if runCtx.Err() == nil {
 			stopPub()
 		} else if inflight {
@@ -209,10 +225,6 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		defer cancel()
 		_ = sendStatusCtx(sctx) // best effort: the slot keeps the last one otherwise
 	}()
-	var (
-		round    context.Context
-		roundEnd time.Time
-	)
 	for {
 		// A settled batch moves the acknowledged position.
 		select {
@@ -268,26 +280,27 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		if l := s.queuedAt.Add(lingerMax); !inflight && r.lingering(s, time.Now()) && l.Before(want) {
 			want = l
 		}
-		if round == nil || round.Err() != nil || want.Before(roundEnd) {
-			var stop context.CancelFunc
-			roundEnd = want
-			round, stop = context.WithDeadline(ctx, roundEnd)
-			roundMu.Lock()
-			if roundStop != nil {
-				roundStop()
-			}
-			roundStop = stop
-			roundMu.Unlock()
-			if len(done) > 0 {
-				continue
-			}
+		roundMu.Lock()
+		rearm := !roundArmed || !time.Now().Before(roundEnd) || want.Before(roundEnd)
+		if rearm {
+			roundEnd, roundArmed = want, true
+			_ = netConn.SetReadDeadline(roundEnd)
 		}
-		raw, err := conn.ReceiveMessage(round)
+		roundMu.Unlock()
+		// A wake before the new deadline was set is seen here: its batch
+		// is in done, or ctx has ended.
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if rearm && len(done) > 0 {
+			continue
+		}
+		raw, err := conn.ReceiveMessage(context.Background())
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if round.Err() != nil {
+			if pgconn.Timeout(err) {
 				continue // the round's deadline, or a settled batch woke us
 			}
 			return r.classify(ctx, fmt.Errorf("receive from slot %s: %w", r.cfg.Slot, err))
