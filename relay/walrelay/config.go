@@ -82,8 +82,9 @@ type Config struct {
 	// of its CPU per event (CPU the database needs too, on a shared host)
 	// and makes batches larger. An event waits at most this long for it;
 	// the first after a quiet spell is read at once, and a stream that is
-	// behind is read without pause. A negative value turns it off, for the
-	// lowest latency. Defaults to DefaultLinger (2ms).
+	// behind (reading transactions that committed over 100ms ago, by this
+	// host's clock) is read without pause. A negative value turns it off,
+	// for the lowest latency. Defaults to DefaultLinger (2ms).
 	Linger time.Duration
 	// HeartbeatInterval is how often the leader writes a non-transactional
 	// logical message (prefix HeartbeatPrefix), so that the slot's position

@@ -3,6 +3,7 @@ package walrelay
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,8 +22,10 @@ import (
 // So, once a read has taken in everything the server had sent (it came
 // back short of the buffer), the next read waits until linger has passed
 // since it, letting the socket fill. A read that filled the buffer is
-// followed at once (the stream is behind). The first message after a
-// quiet spell is read as it comes: an idle or lightly used outbox pays
+// followed at once, and so is every read while the stream is behind (the
+// transaction being read committed more than behindAge ago, the
+// walsender's decoding the bottleneck). The first message after a quiet
+// spell is read as it comes: an idle or lightly used outbox pays
 // nothing, and a busy one pays at most linger per event.
 //
 // A read deadline bounds the wait too, and one set while it waits (the
@@ -32,6 +35,9 @@ type lingerConn struct {
 	net.Conn
 	linger time.Duration
 	timer  *time.Timer // of Read's wait; reads are sequential (pgconn's reader)
+	// behind is set while the stream reads transactions that committed
+	// long ago (a backlog): reads do not wait then.
+	behind atomic.Bool
 
 	// Deadlines are set from other goroutines.
 	mu       sync.Mutex
@@ -46,6 +52,9 @@ func newLingerConn(c net.Conn, linger time.Duration) *lingerConn {
 
 // wait is how long Read waits before it reads.
 func (c *lingerConn) wait() time.Duration {
+	if c.behind.Load() {
+		return 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.drained.IsZero() {

@@ -60,7 +60,8 @@ func TestLingerTakesInWhatArrivesMeanwhileInOneRead(t *testing.T) {
 }
 
 // The first message after a quiet spell is read as it comes, and a read
-// that filled the buffer (the stream is behind) is followed at once.
+// that filled the buffer, or any read while the stream is behind, is
+// followed at once.
 func TestLingerDoesNotDelayAQuietStreamOrOneBehind(t *testing.T) {
 	t.Parallel()
 	const linger = 5 * time.Second // any wait would show
@@ -87,6 +88,15 @@ func TestLingerDoesNotDelayAQuietStreamOrOneBehind(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "x", string(buf[:n]))
 	require.Less(t, time.Since(start), linger/2, "a read after a quiet spell does not wait")
+
+	// Right after a short read, a stream that is behind reads at once.
+	r.behind.Store(true)
+	start = time.Now()
+	write(t, w, "y")
+	n, err = r.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "y", string(buf[:n]))
+	require.Less(t, time.Since(start), linger/2, "a stream behind does not wait")
 }
 
 // A deadline ends the wait: one already set bounds it, one set during it

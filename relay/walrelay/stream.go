@@ -78,7 +78,8 @@ type streamState struct {
 	bytes    int    // of the queue's items (item.size)
 	marks    []mark // in stream order; n relative to queue
 	acked    pglogrepl.LSN
-	pending  []mark // handed off or queued commits not yet acknowledged, for Lag
+	pending  []mark      // handed off or queued commits not yet acknowledged, for Lag
+	lc       *lingerConn // the connection, when it lingers
 }
 
 // stream reads the slot from its confirmed position and publishes in
@@ -95,6 +96,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	pc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
+	var lc *lingerConn
 	if r.cfg.Linger > 0 {
 		dial := pc.DialFunc
 		pc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -102,7 +104,8 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 			if err != nil {
 				return nil, err
 			}
-			return newLingerConn(c, r.cfg.Linger), nil
+			lc = newLingerConn(c, r.cfg.Linger)
+			return lc, nil
 		}
 	}
 	maps.Copy(pc.RuntimeParams, keepaliveParams)
@@ -121,7 +124,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	if err != nil {
 		return r.classify(ctx, fmt.Errorf("start replication from slot %s: %w", r.cfg.Slot, err))
 	}
-	s := &streamState{rels: map[uint32]*relation{}, acked: start}
+	s := &streamState{rels: map[uint32]*relation{}, acked: start, lc: lc}
 	r.acked.Store(uint64(start))
 	r.leading.Store(true)
 	r.log.Info("wal relay leads: streaming the slot", "from", start.String())
@@ -478,6 +481,12 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 	case *pglogrepl.BeginMessage:
 		s.inTx = true
 		s.commit = m.CommitTime
+		if s.lc != nil {
+			// Behind, the walsender is the bottleneck: read it without
+			// pause (a backlog of small transactions drained 10-30%
+			// slower with a 2 ms linger).
+			s.lc.behind.Store(time.Since(m.CommitTime) > behindAge)
+		}
 	case *pglogrepl.CommitMessage:
 		s.inTx = false
 		s.checkpoint(m.TransactionEndLSN, m.CommitTime)
