@@ -741,7 +741,8 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64)
 }
 
 // DecodeHeaders reads a row's headers column: SQL NULL, JSON null or a
-// JSON object of strings whose names the relayer does not set itself.
+// JSON object of strings (not null, names not empty: what the insert
+// guard accepts) whose names the relayer does not set itself.
 // Anything else is a permanent failure of that row (ReasonUndecodable,
 // ReasonReservedHeader). Every source of Messages (the claim here, the WAL
 // source in relay/walrelay) decodes headers with it, so a row is published
@@ -750,16 +751,29 @@ func DecodeHeaders(raw []byte) (map[string]string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, nil
 	}
-	var h map[string]string
+	// Pointers tell a null value, which would decode as "", from "".
+	var h map[string]*string
 	if err := json.Unmarshal(raw, &h); err != nil {
 		return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s are not a JSON object of string values (%s); rewrite them as {\"name\": \"value\", ...} or park the row", clip.Text(string(raw), 200), err))
 	}
-	for k := range h {
+	// Undecodable before reserved, whatever the map's order, so that a
+	// row's reason does not vary.
+	out := make(map[string]string, len(h))
+	for k, v := range h {
+		switch {
+		case k == "":
+			return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s have an empty name; rename it in the row's headers or park the row", clip.Text(string(raw), 200)))
+		case v == nil:
+			return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("header %q is null, not a string; set a value or drop the header in the row, or park the row", k))
+		}
+		out[k] = *v
+	}
+	for k := range out {
 		if outbox.IsReservedHeader(k) {
 			return nil, PermanentReason(ReasonReservedHeader, fmt.Errorf("header %q is set by the relayer and cannot come from the row; rename it in the row's headers or park the row", k))
 		}
 	}
-	return h, nil
+	return out, nil
 }
 
 // listen holds a LISTEN connection and turns notifications into wake-ups,

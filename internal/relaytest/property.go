@@ -225,8 +225,16 @@ func PublishPathProperty(t *testing.T, src Source) {
 func oracle(id int64, typ, payload, headers, source string, limit int) string {
 	var h map[string]string
 	if headers != "" && headers != "null" {
-		if err := json.Unmarshal([]byte(headers), &h); err != nil {
+		var raw map[string]*string
+		if err := json.Unmarshal([]byte(headers), &raw); err != nil {
 			return relay.ReasonUndecodable
+		}
+		h = map[string]string{}
+		for k, v := range raw {
+			if k == "" || v == nil {
+				return relay.ReasonUndecodable
+			}
+			h[k] = *v
 		}
 		for k := range h {
 			if outbox.IsReservedHeader(k) {
@@ -247,8 +255,8 @@ func oracle(id int64, typ, payload, headers, source string, limit int) string {
 // plain INSERT of the row, or "": from the contract, in the guard's order
 // (the type, then the headers). The type's topic must be valid with no
 // prefix; the headers SQL NULL, JSON null, or an object of string values
-// whose names are neither empty nor reserved. Stricter than the relayers'
-// decoding, which reads a JSON null value as "" and takes an empty name.
+// whose names are neither empty nor reserved: what the relayers decode
+// (relay.DecodeHeaders), refusing at insert what they would set aside.
 func guardOracle(typ, headers string) string {
 	if _, err := outbox.Topic("", typ); err != nil {
 		return "type_topic"
