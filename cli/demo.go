@@ -23,8 +23,8 @@ writers place orders, some roll back on a duplicate order id; two relayers
 publish; the loyalty consumer awards points idempotently; some events are
 forced out a second time. It prints a report and exits 1 if any invariant
 fails. It works in a schema of its own and drops it at the end; on a
-cluster given by --brokers it deletes the two topics it used too (their
-names start with the schema's). --keep keeps both.`,
+cluster given by --brokers it deletes the two topics it used and its
+consumer group too (their names carry the schema's). --keep keeps them.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg.DatabaseURL = g.databaseURL
@@ -61,6 +61,6 @@ names start with the schema's). --keep keeps both.`,
 	f.IntVar(&cfg.DuplicateEvery, "duplicate-every", 10, "every Nth order reuses an order id and rolls back")
 	f.IntVar(&cfg.Redeliver, "redeliver", 40, "dispatched events to force out again")
 	durationVar(f, &cfg.Timeout, "timeout", 2*time.Minute, "give up after this long")
-	f.BoolVar(&cfg.KeepSchema, "keep", false, "keep the demo schema (and, with --brokers, the demo's topics) for inspection")
+	f.BoolVar(&cfg.KeepSchema, "keep", false, "keep the demo schema (and, with --brokers, the demo's topics and consumer group) for inspection")
 	return cmd
 }

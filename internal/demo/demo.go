@@ -270,9 +270,17 @@ func (d *demo) openKafka(ctx context.Context) error {
 			defer dcancel()
 			if err := deleteTopics(dctx, kcfg, topics...); err != nil {
 				fmt.Fprintf(d.out, "warning: could not delete the demo's topics %s: %s\n", strings.Join(topics, ", "), err)
+			} else {
+				fmt.Fprintf(d.out, "deleted the demo's topics %s (--keep keeps them)\n", strings.Join(topics, ", "))
+			}
+			// The consumer has left its group by now (the services
+			// stopped before this runs): its committed offsets go too.
+			group := d.consumerName()
+			if err := deleteGroup(dctx, kcfg, group); err != nil {
+				fmt.Fprintf(d.out, "warning: could not delete the demo's consumer group %s: %s\n", group, err)
 				return
 			}
-			fmt.Fprintf(d.out, "deleted the demo's topics %s (--keep keeps them)\n", strings.Join(topics, ", "))
+			fmt.Fprintf(d.out, "deleted the demo's consumer group %s\n", group)
 		})
 	}
 	producer, err := outbox.NewProducer(outbox.Config{Tables: d.tables, TopicPrefix: d.prefix})
@@ -327,7 +335,7 @@ func (d *demo) startServices(ctx context.Context) error {
 		g.Go(func() error { return r.Run(gctx) })
 	}
 	cons, err := consumer.New(consumer.Config{
-		Name: shop.LoyaltyConsumer + "-" + schema, Pool: d.pool, Tables: d.tables,
+		Name: d.consumerName(), Pool: d.pool, Tables: d.tables,
 		Client: d.kcfg, Topics: []string{d.prefix + shop.Topic},
 		Handlers: shop.Handlers(), Logger: d.cfg.Logger.With("consumer", shop.LoyaltyConsumer),
 	})
@@ -641,6 +649,32 @@ func createTopics(ctx context.Context, kcfg kafka.ClientConfig, topics ...string
 		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
 			return fmt.Errorf("%s: %w", r.Topic, r.Err)
 		}
+	}
+	return nil
+}
+
+// consumerName is the loyalty consumer's name, and its Kafka group: this
+// run's own, as the schema is.
+func (d *demo) consumerName() string { return shop.LoyaltyConsumer + "-" + d.rep.Schema }
+
+// deleteGroup deletes a consumer group from the cluster; a group that
+// does not exist (the consumer never joined) is no error.
+func deleteGroup(ctx context.Context, kcfg kafka.ClientConfig, group string) error {
+	opts, err := kcfg.Options()
+	if err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	res, err := kadm.NewClient(cl).DeleteGroup(ctx, group)
+	if err != nil {
+		return err
+	}
+	if res.Err != nil && !errors.Is(res.Err, kerr.GroupIDNotFound) {
+		return res.Err
 	}
 	return nil
 }

@@ -113,15 +113,27 @@ func TestDemoOnExternalBrokerDeletesItsTopics(t *testing.T) {
 			require.NotContains(t, out.String(), "deleted the demo's topics")
 		} else {
 			require.Contains(t, out.String(), "deleted the demo's topics "+rep.Schema+".order, "+rep.Schema+".order.dlq")
+			require.Contains(t, out.String(), "deleted the demo's consumer group loyalty-"+rep.Schema)
 		}
 		return rep
 	}
 
-	run(false)
-	require.Empty(t, topics(), "the demo left topics behind")
+	groups := func() []string {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+		require.NoError(t, err)
+		defer cl.Close()
+		gs, err := kadm.NewClient(cl).ListGroups(context.Background())
+		require.NoError(t, err)
+		return gs.Groups()
+	}
 
-	rep := run(true)
+	rep := run(false)
+	require.Empty(t, topics(), "the demo left topics behind")
+	require.Empty(t, groups(), "the demo left its consumer group behind")
+
+	rep = run(true)
 	require.ElementsMatch(t, []string{rep.Schema + ".order", rep.Schema + ".order.dlq"}, topics())
+	require.Equal(t, []string{"loyalty-" + rep.Schema}, groups(), "--keep keeps the consumer group")
 	pool := pgtest.New(t, pgtest.Options{NoMigrate: true}).Pool
 	_, err = pool.Exec(context.Background(), "DROP SCHEMA "+rep.Schema+" CASCADE")
 	require.NoError(t, err)
