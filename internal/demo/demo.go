@@ -629,19 +629,28 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-func createTopics(ctx context.Context, kcfg kafka.ClientConfig, topics ...string) error {
+// admin is an admin client of the cluster; Close closes its client.
+func admin(kcfg kafka.ClientConfig) (*kadm.Client, error) {
 	opts, err := kcfg.Options()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
+		return nil, err
+	}
+	return kadm.NewClient(cl), nil
+}
+
+func createTopics(ctx context.Context, kcfg kafka.ClientConfig, topics ...string) error {
+	adm, err := admin(kcfg)
+	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer adm.Close()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	res, err := kadm.NewClient(cl).CreateTopics(cctx, 6, -1, nil, topics...)
+	res, err := adm.CreateTopics(cctx, 6, -1, nil, topics...)
 	if err != nil {
 		return err
 	}
@@ -660,16 +669,12 @@ func (d *demo) consumerName() string { return shop.LoyaltyConsumer + "-" + d.rep
 // deleteGroup deletes a consumer group from the cluster; a group that
 // does not exist (the consumer never joined) is no error.
 func deleteGroup(ctx context.Context, kcfg kafka.ClientConfig, group string) error {
-	opts, err := kcfg.Options()
+	adm, err := admin(kcfg)
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	res, err := kadm.NewClient(cl).DeleteGroup(ctx, group)
+	defer adm.Close()
+	res, err := adm.DeleteGroup(ctx, group)
 	if err != nil {
 		return err
 	}
@@ -682,16 +687,12 @@ func deleteGroup(ctx context.Context, kcfg kafka.ClientConfig, group string) err
 // deleteTopics deletes topics from the cluster; a topic that does not
 // exist (never created, auto-creation off) is no error.
 func deleteTopics(ctx context.Context, kcfg kafka.ClientConfig, topics ...string) error {
-	opts, err := kcfg.Options()
+	adm, err := admin(kcfg)
 	if err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	res, err := kadm.NewClient(cl).DeleteTopics(ctx, topics...)
+	defer adm.Close()
+	res, err := adm.DeleteTopics(ctx, topics...)
 	if err != nil {
 		return err
 	}
