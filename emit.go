@@ -232,8 +232,11 @@ func (p *Producer) Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error)
 
 // Queued is an event QueueEmit put on a pgx.Batch.
 type Queued struct {
-	// ID is the event's id, set when the batch's results are read
-	// (BatchResults.Close, or reading up to this query).
+	// ID is the event's id, set when the batch's results are closed
+	// (BatchResults.Close, as tx.SendBatch(ctx, batch).Close() does). Read
+	// the batch's results one by one instead (QueryRow, Exec) and pgx
+	// skips this query's callback: ID stays 0, and in ModeInsertDelete
+	// the check that the delete removed the row does not run.
 	ID int64
 }
 

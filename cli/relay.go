@@ -118,6 +118,9 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 		if o.wal.setupOnly {
 			return runWALSetupOnly(ctx, g, o)
 		}
+		if err := o.wal.check(); err != nil {
+			return err
+		}
 	default:
 		return fmt.Errorf("--mode %q: use poll (the default) or wal", o.mode)
 	}

@@ -48,6 +48,26 @@ func (w *walOptions) onlyForWAL() error {
 	return nil
 }
 
+// check refuses the --mode wal flags' values that cannot work, before
+// anything connects, and maps --linger 0 (off) to walrelay's off.
+func (w *walOptions) check() error {
+	if w.cfg.HeartbeatInterval == 0 {
+		return errors.New("--heartbeat-interval 0: use a positive duration, or a negative one to turn heartbeats off")
+	}
+	switch {
+	case w.cfg.Linger < 0:
+		return fmt.Errorf("--linger %s: use a duration such as 2ms, or 0 to turn it off", w.cfg.Linger)
+	case w.cfg.Linger > time.Second:
+		return fmt.Errorf("--linger %s: use at most 1s (a few milliseconds take in many transactions per read), or 0 to turn it off", w.cfg.Linger)
+	case w.cfg.Linger == 0:
+		w.cfg.Linger = -1 // off; walrelay reads 0 as its default
+	}
+	if w.maxSlotLagBytes <= 0 {
+		return fmt.Errorf("--max-slot-lag-bytes %d: use a positive number of bytes, e.g. 1073741824 (1 GiB)", w.maxSlotLagBytes)
+	}
+	return nil
+}
+
 // oneAction refuses --setup-only with --teardown.
 func (w *walOptions) oneAction() error {
 	if w.setupOnly && w.teardown {
@@ -130,21 +150,9 @@ func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, clien
 	cfg.BatchSize = o.cfg.BatchSize
 	cfg.MaxBatchBytes = o.cfg.MaxBatchBytes
 	cfg.ShutdownTimeout = o.cfg.ShutdownTimeout
-	if cfg.HeartbeatInterval == 0 {
-		return errors.New("--heartbeat-interval 0: use a positive duration, or a negative one to turn heartbeats off")
-	}
-	if cfg.Linger == 0 {
-		cfg.Linger = -1 // off; walrelay reads 0 as its default
-	}
-	if cfg.Linger < -1 {
-		return fmt.Errorf("--linger %s: use a positive duration such as 2ms, or 0 to turn it off", o.wal.cfg.Linger)
-	}
 	r, err := walrelay.New(cfg)
 	if err != nil {
 		return err
-	}
-	if o.wal.maxSlotLagBytes <= 0 {
-		return fmt.Errorf("--max-slot-lag-bytes %d: use a positive number of bytes, e.g. 1073741824 (1 GiB)", o.wal.maxSlotLagBytes)
 	}
 	stopOps, err := o.ops.startWAL(ctx, r, client, ops.WALWatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
 	if err != nil {

@@ -32,6 +32,9 @@ func TestDecodeHeaders(t *testing.T) {
 		`{"": "v"}`:             {relay.ReasonUndecodable, "have an empty name; rename it"},
 		`{"event_id": "1"}`:     {relay.ReasonReservedHeader, `header "event_id" is set by the relayer`},
 		`{"a": "1", "b": null}`: {relay.ReasonUndecodable, `header "b" is null`},
+		// Undecodable before reserved, whatever the map's order.
+		`{"event_id": "1", "b": null}`: {relay.ReasonUndecodable, `header "b" is null`},
+		`{"event_id": "1", "": "x"}`:   {relay.ReasonUndecodable, "have an empty name"},
 	} {
 		_, err := relay.DecodeHeaders([]byte(raw))
 		require.ErrorContains(t, err, want.text, raw)

@@ -7,6 +7,10 @@ import (
 	"time"
 )
 
+// lingerBelow is the size under which a read that drained the socket is
+// followed by a wait: a few steady transactions' worth.
+const lingerBelow = 4096
+
 // lingerConn is the replication connection's socket, read so that one
 // read takes in many transactions while the stream is busy.
 //
@@ -15,9 +19,9 @@ import (
 // its own, and pays for each a wake-up, a read and a round of the stream
 // loop. On a busy outbox that costs the relayer more than publishing does.
 // Measured with the relayer and its dev broker in a process of their own
-// and pgbench writing about 5,000 transactions/s (BENCHMARKS.md): 58-64 µs
-// of CPU per event without the linger, 35-41 µs with 2 ms, 31-33 µs with
-// 3 ms, with batches 2-4x larger.
+// beside pgbench (BenchmarkStreamBesidePgbench, BENCHMARKS.md): 65-72 µs
+// of CPU per event without the linger, 48-51 µs with 2 ms, for plain
+// inserts at 4,200-4,700 transactions/s.
 //
 // So, once a read has taken in everything the server had sent (it came
 // back short of the buffer), the next read waits until linger has passed
@@ -26,7 +30,12 @@ import (
 // transaction being read committed more than behindAge ago, the
 // walsender's decoding the bottleneck). The first message after a quiet
 // spell is read as it comes: an idle or lightly used outbox pays
-// nothing, and a busy one pays at most linger per event.
+// nothing, and a busy one about linger per event at most.
+//
+// A read that brought lingerBelow bytes or more is followed at once too:
+// the stream is busy enough that reads take in many messages anyway, and
+// a message larger than the socket's buffers is read without a wait per
+// buffer-full.
 //
 // A read deadline bounds the wait too, and one set while it waits (the
 // stream's round ending, a settled batch waking the stream, the context's
@@ -83,7 +92,7 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.mu.Lock()
-		if n < len(p) {
+		if n < len(p) && n < lingerBelow {
 			c.drained = time.Now()
 		} else {
 			c.drained = time.Time{}

@@ -2,8 +2,10 @@ package walrelay
 
 import (
 	"errors"
+	"io"
 	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,7 +48,10 @@ func TestLingerTakesInWhatArrivesMeanwhileInOneRead(t *testing.T) {
 	n, err := r.Read(buf)
 	require.NoError(t, err)
 	require.Equal(t, "a", string(buf[:n]))
-	drained := time.Now()
+	r.mu.Lock()
+	drained := r.drained
+	r.mu.Unlock()
+	require.False(t, drained.IsZero(), "a short read drains")
 	go func() {
 		for _, s := range []string{"b", "c", "d"} {
 			time.Sleep(10 * time.Millisecond)
@@ -97,6 +102,27 @@ func TestLingerDoesNotDelayAQuietStreamOrOneBehind(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "y", string(buf[:n]))
 	require.Less(t, time.Since(start), linger/2, "a stream behind does not wait")
+	r.behind.Store(false)
+
+	// A short read that brought lingerBelow bytes or more (a busy stream,
+	// a message larger than the socket's buffers) is followed at once.
+	big := make([]byte, 2*lingerBelow)
+	r.mu.Lock()
+	r.drained = time.Time{} // after a quiet spell
+	r.mu.Unlock()
+	write(t, w, strings.Repeat("z", lingerBelow))
+	n, err = io.ReadAtLeast(r, big, lingerBelow)
+	require.NoError(t, err)
+	require.Equal(t, lingerBelow, n)
+	r.mu.Lock()
+	require.True(t, r.drained.IsZero(), "no wait after %d bytes", n)
+	r.mu.Unlock()
+	start = time.Now()
+	write(t, w, "q")
+	n, err = r.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "q", string(buf[:n]))
+	require.Less(t, time.Since(start), linger/2, "a read after a big one does not wait")
 }
 
 // A deadline ends the wait: one already set bounds it, one set during it
@@ -121,6 +147,20 @@ func TestLingerHonoursDeadlines(t *testing.T) {
 	go func() {
 		time.Sleep(50 * time.Millisecond)
 		_ = r.SetDeadline(time.Unix(1, 0)) // as pgconn's deadline handler cancels
+	}()
+	start = time.Now()
+	_, err = r.Read(buf)
+	require.True(t, errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
+	require.Less(t, time.Since(start), linger/2)
+
+	// A deadline set during the wait, sooner than its end, ends it then.
+	require.NoError(t, r.SetReadDeadline(time.Time{}))
+	r.mu.Lock()
+	r.drained = time.Now()
+	r.mu.Unlock()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	}()
 	start = time.Now()
 	_, err = r.Read(buf)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -35,6 +36,10 @@ type mark struct {
 // statusGap is the least time between two status updates that tell the
 // server of a newly acknowledged position (Config.StatusInterval).
 const statusGap = 100 * time.Millisecond
+
+// statusWriteTimeout bounds the write of a status update: a server that
+// takes none for that long has stopped reading the stream.
+const statusWriteTimeout = 10 * time.Second
 
 // While the stream is behind (the transaction being read committed more
 // than behindAge ago), a batch waits up to lingerMax for more events
@@ -96,7 +101,13 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	pc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	var lc *lingerConn
+	// lc is the stream's own connection: the last one dialled while
+	// connecting (pgconn tries the hosts in turn), not one dialled later
+	// (a cancel request, were there any).
+	var (
+		lc        *lingerConn
+		connected atomic.Bool
+	)
 	if r.cfg.Linger > 0 {
 		dial := pc.DialFunc
 		pc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -104,8 +115,11 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 			if err != nil {
 				return nil, err
 			}
-			lc = newLingerConn(c, r.cfg.Linger)
-			return lc, nil
+			l := newLingerConn(c, r.cfg.Linger)
+			if !connected.Load() {
+				lc = l
+			}
+			return l, nil
 		}
 	}
 	maps.Copy(pc.RuntimeParams, keepaliveParams)
@@ -114,6 +128,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	pc.RuntimeParams["TimeZone"] = "UTC"
 	pc.RuntimeParams["DateStyle"] = "ISO"
 	conn, err := pgconn.ConnectConfig(ctx, pc)
+	connected.Store(true)
 	if err != nil {
 		return fmt.Errorf("open the replication connection (the role needs the REPLICATION attribute): %w", err)
 	}
@@ -169,18 +184,21 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 		roundMu.Unlock()
 	}
 	defer context.AfterFunc(ctx, wake)()
-	sendStatusCtx := func(ctx context.Context) error {
+	// sendStatus tells the server the position the broker acknowledged.
+	// pglogrepl's send takes no context: a deadline bounds the write.
+	sendStatus := func(timeout time.Duration) error {
 		lastStatus = time.Now()
 		sentAcked = s.acked
-		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+		_ = netConn.SetWriteDeadline(time.Now().Add(timeout))
+		err := pglogrepl.SendStandbyStatusUpdate(context.Background(), conn, pglogrepl.StandbyStatusUpdate{
 			WALWritePosition: s.acked, WALFlushPosition: s.acked, WALApplyPosition: s.acked,
 		})
+		_ = netConn.SetWriteDeadline(time.Time{})
 		if err != nil {
 			return fmt.Errorf("send standby status: %w", err)
 		}
 		return nil
 	}
-	sendStatus := func() error { return sendStatusCtx(ctx) }
 	// nextStatus is when the next status update is due: StatusInterval
 	// after the last, or statusGap after it once the broker acknowledged
 	// more than the server was told, so that the slot follows the broker
@@ -224,9 +242,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 				r.readToCommit(ctx, conn, s)
 			}
 		}
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = sendStatusCtx(sctx) // best effort: the slot keeps the last one otherwise
+		_ = sendStatus(5 * time.Second) // best effort: the slot keeps the last one otherwise
 	}()
 	for {
 		// A settled batch moves the acknowledged position.
@@ -257,7 +273,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 			}
 		}
 		if !time.Now().Before(nextStatus()) {
-			if err := sendStatus(); err != nil {
+			if err := sendStatus(statusWriteTimeout); err != nil {
 				return err
 			}
 		}
@@ -334,7 +350,7 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 							s.marks = s.marks[1:]
 						}
 					}
-					if err := sendStatus(); err != nil {
+					if err := sendStatus(statusWriteTimeout); err != nil {
 						return err
 					}
 				}
