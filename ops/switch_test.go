@@ -2,9 +2,7 @@ package ops_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +19,6 @@ import (
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/internal/tmppg"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
@@ -33,22 +30,7 @@ import (
 // publication, whoever creates them, are dropped when the test ends.
 func switchSetup(t *testing.T) (*bundle, string) {
 	t.Helper()
-	logicalOnce.Do(func() {
-		if !tmppg.Available() {
-			logicalErr = errors.New("initdb and pg_ctl are not on the PATH")
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		logical, logicalErr = tmppg.Logical(ctx, 10, nil)
-	})
-	if logicalErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the switch tests need a throwaway wal_level=logical cluster, and none started: %v", logicalErr)
-		}
-		t.Skipf("skipped: the switch tests need a throwaway wal_level=logical cluster (initdb/pg_ctl), and none started: %v", logicalErr)
-	}
-	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: logical.URL()})
+	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: needLogical(t, "the switch tests")})
 	slot := walrelay.DefaultName(db.Tables)
 	t.Cleanup(func() {
 		// The relayers stopped by now (cleanups run in reverse); their

@@ -38,9 +38,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// walSetup gives a schema on the logical cluster with the outbox's slot
-// and publication created (walrelay.Setup), as a WAL relay leaves them.
-func walSetup(t *testing.T) (*pgtest.DB, string) {
+// needLogical starts the shared wal_level=logical cluster once and returns
+// its URL; without one, the test (what names it) fails in CI and is
+// skipped elsewhere.
+func needLogical(t *testing.T, what string) string {
 	t.Helper()
 	logicalOnce.Do(func() {
 		if !tmppg.Available() {
@@ -53,11 +54,18 @@ func walSetup(t *testing.T) (*pgtest.DB, string) {
 	})
 	if logicalErr != nil {
 		if os.Getenv("CI") == "true" {
-			t.Fatalf("the WAL-mode operations tests need a throwaway wal_level=logical cluster, and none started: %v", logicalErr)
+			t.Fatalf("%s need a throwaway wal_level=logical cluster, and none started: %v", what, logicalErr)
 		}
-		t.Skipf("skipped: the WAL-mode operations tests need a throwaway wal_level=logical cluster (initdb/pg_ctl), and none started: %v", logicalErr)
+		t.Skipf("skipped: %s need a throwaway wal_level=logical cluster (initdb/pg_ctl), and none started: %v", what, logicalErr)
 	}
-	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: logical.URL()})
+	return logical.URL()
+}
+
+// walSetup gives a schema on the logical cluster with the outbox's slot
+// and publication created (walrelay.Setup), as a WAL relay leaves them.
+func walSetup(t *testing.T) (*pgtest.DB, string) {
+	t.Helper()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: needLogical(t, "the WAL-mode operations tests")})
 	slot := walrelay.DefaultName(db.Tables)
 	require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 	t.Cleanup(func() { _ = walrelay.Teardown(context.Background(), db.Pool, slot, slot) })
