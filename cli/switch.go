@@ -89,11 +89,7 @@ the server's disk.`,
 			if err := sf.check(); err != nil {
 				return err
 			}
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			pool, t, err := g.opsPool(c.Context())
+			log, pool, t, err := g.verbSession(c.Context())
 			if err != nil {
 				return err
 			}
@@ -188,11 +184,7 @@ row for a poller to read.`,
 			if err := sf.check(); err != nil {
 				return err
 			}
-			log, err := g.logger()
-			if err != nil {
-				return err
-			}
-			pool, t, err := g.opsPool(c.Context())
+			log, pool, t, err := g.verbSession(c.Context())
 			if err != nil {
 				return err
 			}
