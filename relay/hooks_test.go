@@ -87,7 +87,7 @@ func TestHooksObserveBatchesFailuresAndFailedBatches(t *testing.T) {
 		b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
 	}
 	b.emit(t, uuid.New(), "payment.captured", map[string]int{"n": 1})
-	refused := b.insertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"retries": 3}'`)
+	refused := b.db.InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"retries": 3}'`)
 	permanent := b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 2})
 	transient := b.emit(t, uuid.New(), "payment.captured", map[string]int{"n": 2})
 

@@ -27,29 +27,6 @@ func limitBroker() kfake.Opt {
 	return kfake.BrokerConfigs(map[string]string{"message.max.bytes": "100000"})
 }
 
-// insertRaw writes a row by plain SQL, the way a non-Go producer does, and
-// returns its id. payload and headers are SQL expressions.
-func (b *bundle) insertRaw(t *testing.T, agg uuid.UUID, typ, payload, headers string) int64 {
-	t.Helper()
-	var id int64
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `INSERT INTO `+b.db.Tables.OutboxIdent()+
-		` (aggregate_id, type, payload, headers) VALUES ($1, $2, `+payload+`, `+headers+`) RETURNING id`, agg, typ).Scan(&id))
-	return id
-}
-
-// insertLegacy writes a row as insertRaw does, but one that the insert
-// guard (migration 6) now refuses: a row written before that migration,
-// which the relayer must still hold with its reason.
-func (b *bundle) insertLegacy(t *testing.T, agg uuid.UUID, typ, payload, headers string) int64 {
-	t.Helper()
-	var id int64
-	b.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `INSERT INTO `+b.db.Tables.OutboxIdent()+
-			` (aggregate_id, type, payload, headers) VALUES ($1, $2, `+payload+`, `+headers+`) RETURNING id`, agg, typ).Scan(&id)
-	})
-	return id
-}
-
 // randomText is n hex characters of random bytes: a JSON string that no
 // compression shrinks much.
 func randomText(n int) string {
@@ -90,7 +67,7 @@ func TestFailureRecordedAgainstTheAggregatesFirstRow(t *testing.T) {
 	agg := uuid.New()
 	var ids []int64
 	for range 3 {
-		ids = append(ids, b.insertRaw(t, agg, "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(150_000)), "NULL"))
+		ids = append(ids, b.db.InsertRaw(t, agg, "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(150_000)), "NULL"))
 	}
 	// And a broker-side refusal of a whole request: the publisher is told
 	// the limit is 1 MB, so it sends and the broker refuses.
@@ -98,7 +75,7 @@ func TestFailureRecordedAgainstTheAggregatesFirstRow(t *testing.T) {
 	other := uuid.New()
 	var otherIDs []int64
 	for range 3 {
-		otherIDs = append(otherIDs, b.insertRaw(t, other, "payment.captured", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(150_000)), "NULL"))
+		otherIDs = append(otherIDs, b.db.InsertRaw(t, other, "payment.captured", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(150_000)), "NULL"))
 	}
 	run(t, b.relayer(t, nil))
 	run(t, b.relayer(t, func(c *relay.Config) { c.Publisher = pub }))
@@ -139,7 +116,7 @@ func TestHoldsAreSharedAndBackOff(t *testing.T) {
 	b := setup(t, limitBroker())
 	var big []int64
 	for range 4 {
-		big = append(big, b.insertRaw(t, uuid.New(), "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(120_000)), "NULL"))
+		big = append(big, b.db.InsertRaw(t, uuid.New(), "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(120_000)), "NULL"))
 	}
 	for range 3 {
 		run(t, b.relayer(t, func(c *relay.Config) { c.HoldOut = 400 * time.Millisecond; c.MaxHoldOut = 800 * time.Millisecond }))

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -142,6 +143,31 @@ func (db *DB) WriteLegacy(t testing.TB, write func(ctx context.Context, tx pgx.T
 		return err
 	})
 	require.NoError(t, err, "write legacy rows")
+}
+
+// InsertRaw writes an outbox row by plain SQL, as a producer outside Go
+// does, and returns its id. payload and headers are SQL expressions.
+func (db *DB) InsertRaw(t testing.TB, agg uuid.UUID, typ, payload, headers string) int64 {
+	t.Helper()
+	var id int64
+	require.NoError(t, db.Pool.QueryRow(context.Background(), db.insertRawSQL(payload, headers), agg, typ).Scan(&id))
+	return id
+}
+
+// InsertLegacy writes a row as InsertRaw does, but one that the insert
+// guard (migration 6) refuses (WriteLegacy): a row written before that
+// migration, which every relayer must still handle.
+func (db *DB) InsertLegacy(t testing.TB, agg uuid.UUID, typ, payload, headers string) int64 {
+	t.Helper()
+	var id int64
+	db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, db.insertRawSQL(payload, headers), agg, typ).Scan(&id)
+	})
+	return id
+}
+
+func (db *DB) insertRawSQL(payload, headers string) string {
+	return `INSERT INTO ` + db.Tables.OutboxIdent() + ` (aggregate_id, type, payload, headers) VALUES ($1, $2, ` + payload + `, ` + headers + `) RETURNING id`
 }
 
 // Name returns a unique, valid schema name derived from the test's name.

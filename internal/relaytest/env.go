@@ -126,29 +126,6 @@ func (e *env) emit(t *testing.T, agg uuid.UUID, typ string, payload any) int64 {
 	return id
 }
 
-// insertRaw writes a row by plain SQL, as a non-Go producer does, and
-// returns its id. payload and headers are SQL expressions.
-func (e *env) insertRaw(t *testing.T, agg uuid.UUID, typ, payload, headers string) int64 {
-	t.Helper()
-	var id int64
-	require.NoError(t, e.db.Pool.QueryRow(context.Background(), `INSERT INTO `+e.db.Tables.OutboxIdent()+
-		` (aggregate_id, type, payload, headers) VALUES ($1, $2, `+payload+`, `+headers+`) RETURNING id`, agg, typ).Scan(&id))
-	return id
-}
-
-// insertLegacy writes a row as insertRaw does, but one that the insert
-// guard (migration 6) now refuses: a row written before that migration,
-// which every source must still handle.
-func (e *env) insertLegacy(t *testing.T, agg uuid.UUID, typ, payload, headers string) int64 {
-	t.Helper()
-	var id int64
-	e.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `INSERT INTO `+e.db.Tables.OutboxIdent()+
-			` (aggregate_id, type, payload, headers) VALUES ($1, $2, `+payload+`, `+headers+`) RETURNING id`, agg, typ).Scan(&id)
-	})
-	return id
-}
-
 // preload inserts n rows in one statement, aggregate g % aggregates for
 // the g-th row, and returns them.
 func (e *env) preload(t *testing.T, n, aggregates int, typ string) map[int64]event {
