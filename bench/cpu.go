@@ -7,8 +7,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/pgoutbox/outbox/internal/cputime"
 )
 
 // CPU time, beside wall time, for the drains: on a shared machine a
@@ -19,41 +20,6 @@ import (
 // activePIDSQL is the pid of the process that serves slot $1's reader (the
 // walsender), 0 while nobody reads it (catalog view, no index).
 const activePIDSQL = `SELECT coalesce((SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1), 0)`
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every
-// Linux architecture Go runs on.
-const clockTicks = 100
-
-// procCPU is a process's user + system CPU time.
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name, in parentheses, may hold spaces: the fields that
-	// follow it are utime and stime at 12th and 13th place.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: utime %q, stime %q", pid, f[11], f[12])
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
-}
-
-// selfCPU is this process's user + system CPU time: the relayers, the dev
-// broker and the bench's own polling.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // cpuWatch follows the CPU time of the walsender serving a slot, sampled
 // every 20 ms, since it exits with its reader.
@@ -97,7 +63,7 @@ func (w *cpuWatch) sample(ctx context.Context, e *env, slot string) {
 		}
 		w.pid = int(pid)
 	}
-	if cpu, err := procCPU(w.pid); err == nil {
+	if cpu, err := cputime.Process(w.pid); err == nil {
 		w.last = cpu
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/cputime"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -361,8 +362,8 @@ func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Dura
 			walsender = int(pid)
 		}
 	}
-	sender0, _ := procCPU(walsender)
-	cpu0 := selfCPU()
+	sender0, _ := cputime.Process(walsender)
+	cpu0 := cputime.Self()
 	o.txs, o.lat, o.elapsed, err = runEmitters(ctx, e, s.cfg.Writers, window, fn)
 	if err != nil {
 		return o, err
@@ -382,9 +383,9 @@ func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Dura
 		}
 		o.catchUp = time.Since(t0)
 	}
-	o.processCPU = selfCPU() - cpu0
+	o.processCPU = cputime.Self() - cpu0
 	if walsender != 0 {
-		if sender1, err := procCPU(walsender); err == nil {
+		if sender1, err := cputime.Process(walsender); err == nil {
 			o.walsenderCPU = sender1 - sender0
 		}
 	}

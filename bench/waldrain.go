@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pgoutbox/outbox/internal/cputime"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -160,11 +161,11 @@ func drainBacklog(ctx context.Context, s *session, e *env, bl backlog, n int64, 
 		return d, err
 	}
 	defer b.close()
-	cpu0 := selfCPU()
+	cpu0 := cputime.Self()
 	if d.poll, err = e.drainWithRelayers(ctx, b, 1, n, nil); err != nil {
 		return d, fmt.Errorf("poll drain: %w", err)
 	}
-	d.poll.clientCPU = selfCPU() - cpu0
+	d.poll.clientCPU = cputime.Self() - cpu0
 	return d, nil
 }
 
@@ -204,14 +205,14 @@ func drainWAL(ctx context.Context, s *session, e *env, n int64) (d drainResult, 
 	prefix := fmt.Sprintf("bench%s_%s_", e.id, randomID())
 	slot := walrelay.DefaultName(e.tables)
 	watch := e.watchWalsender(ctx, slot)
-	cpu0 := selfCPU()
+	cpu0 := cputime.Self()
 	w, err := e.startWAL(ctx, b, prefix, 0, nil)
 	if err != nil {
 		watch.stop(ctx, e, slot)
 		return d, err
 	}
 	elapsed, werr := w.waitFor(ctx, n, drainTimeout(n))
-	client := selfCPU() - cpu0
+	client := cputime.Self() - cpu0
 	server := watch.stop(ctx, e, slot)
 	st := w.r.Stats()
 	if err := errors.Join(werr, w.stop()); err != nil {

@@ -12,13 +12,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox/internal/cputime"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -117,7 +117,7 @@ COMMIT;
 		require.Less(b, time.Since(start), 15*time.Second, "no reader of slot %s", bu.slot)
 		require.NoError(b, bu.db.Pool.QueryRow(ctx, "SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1", bu.slot).Scan(&pid))
 	}
-	w0, c0 := pidCPU(b, pid), processCPU()
+	w0, c0 := walsenderCPU(b, pid), cputime.Self()
 	out, err := exec.Command(pgbench, "-n", "-c", "8", "-j", "2", "-T", "5", "-f", script, logical.URL()).CombinedOutput()
 	require.NoError(b, err, string(out))
 	tps := tpsLine.FindSubmatch(out)
@@ -131,9 +131,9 @@ COMMIT;
 			require.True(b, time.Now().Before(deadline), "relayed %d of %d", r.Stats().Published, m.events)
 			time.Sleep(time.Millisecond)
 		}
-		m.cpu, m.batches = processCPU()-c0, r.Stats().Batches
+		m.cpu, m.batches = cputime.Self()-c0, r.Stats().Batches
 	}
-	m.walsender = pidCPU(b, pid) - w0
+	m.walsender = walsenderCPU(b, pid) - w0
 	return m
 }
 
@@ -150,9 +150,10 @@ func pidCPU(b *testing.B, pid int) time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ 100
 }
 
-// processCPU is this process's user + system time.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+// walsenderCPU is the slot's walsender's CPU time (a server on this
+// machine).
+func walsenderCPU(b *testing.B, pid int) time.Duration {
+	d, err := cputime.Process(pid)
+	require.NoError(b, err, "the walsender's CPU (a server on this machine)")
+	return d
 }
