@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -135,19 +134,6 @@ COMMIT;
 	}
 	m.walsender = walsenderCPU(b, pid) - w0
 	return m
-}
-
-// pidCPU is a process's user + system time, from /proc.
-func pidCPU(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	require.NoError(b, err, "the walsender's CPU (a server on this machine)")
-	s := string(raw)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	ut, err := strconv.ParseInt(f[11], 10, 64)
-	require.NoError(b, err)
-	st, err := strconv.ParseInt(f[12], 10, 64)
-	require.NoError(b, err)
-	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ 100
 }
 
 // walsenderCPU is the slot's walsender's CPU time (a server on this
