@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -321,15 +321,18 @@ func (p *eventPrinter) handle(_ context.Context, _ pgx.Tx, ev consumer.Event) er
 // quoted when they hold spaces or control characters, the payload is
 // compacted to one line and cut after maxTextPayload bytes.
 func writeTextLine(b *bytes.Buffer, ev consumer.Event) {
-	fmt.Fprintf(b, "event %d %s", ev.ID, textField(ev.Type))
+	fmt.Fprintf(b, "event %d %s", ev.ID, clip.Field(ev.Type))
 	if ev.Source != "" {
-		fmt.Fprintf(b, " source=%s", textField(ev.Source))
+		fmt.Fprintf(b, " source=%s", clip.Field(ev.Source))
 	}
 	fmt.Fprintf(b, " aggregate=%s topic=%s partition=%d offset=%d payload=", ev.AggregateID, ev.Topic, ev.Partition, ev.Offset)
 	var payload bytes.Buffer
 	if err := json.Compact(&payload, ev.Payload); err != nil {
 		payload.Reset()
 		payload.WriteString(strconv.Quote(string(ev.Payload))) // the consumer has checked it is JSON: not reached
+	} else if s := clip.PrintableJSON(payload.String()); s != payload.String() {
+		payload.Reset()
+		payload.WriteString(s) // the same JSON, with what a terminal acts on escaped
 	}
 	if payload.Len() <= maxTextPayload {
 		b.Write(payload.Bytes())
@@ -342,14 +345,6 @@ func writeTextLine(b *bytes.Buffer, ev consumer.Event) {
 		fmt.Fprintf(b, "... (%d bytes; --json prints it whole)", payload.Len())
 	}
 	b.WriteByte('\n')
-}
-
-// textField quotes s unless it is one plain word.
-func textField(s string) string {
-	if s == "" || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == '"' || r == 0x7f || !unicode.IsPrint(r) }) {
-		return strconv.Quote(s)
-	}
-	return s
 }
 
 func (p *eventPrinter) err() error {

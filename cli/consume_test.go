@@ -315,6 +315,22 @@ func TestConsumeTextLine(t *testing.T) {
 	require.Contains(t, line, fmt.Sprintf("... (%d bytes; --json prints it whole)", len(long)))
 }
 
+// A text line's payload excerpt shows the characters a terminal acts on
+// (a C1 control, a bidirectional override) as JSON escapes: the same JSON,
+// made visible.
+func TestConsumeTextLineEscapesThePayload(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	writeTextLine(&b, consumer.Event{ID: 9, Type: "order.\x1b[31m", AggregateID: uuid.New(), Topic: "order",
+		Payload: json.RawMessage("{\"a\": \"\u009b2J\u202eevil\"}")})
+	line := b.String()
+	for _, c := range []string{"\x1b", "\u009b", "\u202e"} {
+		require.NotContains(t, line, c)
+	}
+	require.Contains(t, line, `event 9 "order.\x1b[31m" `)
+	require.Contains(t, line, `payload={"a":"\u009b2J\u202eevil"}`)
+}
+
 // failWriter fails every write, as a full disk or a closed file would.
 type failWriter struct{}
 

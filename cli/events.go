@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -131,7 +132,7 @@ func printEvent(g *globals, d ops.EventDetail) error {
 	fmt.Fprintf(w, "event\t%d\n", d.ID)
 	fmt.Fprintf(w, "state\t%s\n", d.State)
 	fmt.Fprintf(w, "aggregate_id\t%s\n", d.AggregateID)
-	fmt.Fprintf(w, "type\t%s\n", d.Type)
+	fmt.Fprintf(w, "type\t%s\n", clip.Field(d.Type))
 	fmt.Fprintf(w, "created_at\t%s\t(%s ago)\n", fmtTime(d.CreatedAt), fmtAge(time.Since(d.CreatedAt)))
 	switch d.State {
 	case ops.EventDispatched:
@@ -146,7 +147,7 @@ func printEvent(g *globals, d ops.EventDetail) error {
 	}
 	headers := "-"
 	if d.Headers != nil {
-		headers = string(d.Headers)
+		headers = clip.PrintableJSON(string(d.Headers))
 	}
 	fmt.Fprintf(w, "headers\t%s\n", headers)
 	if p := d.Parked; p != nil {
@@ -155,7 +156,7 @@ func printEvent(g *globals, d ops.EventDetail) error {
 		fmt.Fprintf(w, "last error\t%s\n", dash(oneLine(p.LastError)))
 	}
 	if f := d.Failure; f != nil {
-		fmt.Fprintf(w, "failure\t%s: %s\n", f.Reason, oneLine(f.Error))
+		fmt.Fprintf(w, "failure\t%s: %s\n", oneLine(f.Reason), oneLine(f.Error))
 		fmt.Fprintf(w, "attempts\t%d\t(first failed %s, last %s)\n", f.Attempts, fmtTime(f.FirstFailedAt), fmtTime(f.FailedAt))
 		switch {
 		case f.HeldUntil.IsZero():
@@ -176,9 +177,9 @@ func printEvent(g *globals, d ops.EventDetail) error {
 		return err
 	}
 	if d.PayloadTruncated {
-		fmt.Fprintf(g.stdout, "payload (first %d of %d bytes; --payload prints it all):\n%s...\n", len(d.Payload), d.PayloadBytes, d.Payload)
+		fmt.Fprintf(g.stdout, "payload (first %d of %d bytes; --payload prints it all):\n%s...\n", len(d.Payload), d.PayloadBytes, clip.PrintableJSON(d.Payload))
 	} else {
-		fmt.Fprintf(g.stdout, "payload:\n%s\n", d.Payload)
+		fmt.Fprintf(g.stdout, "payload:\n%s\n", clip.PrintableJSON(d.Payload))
 	}
 	return nil
 }
@@ -297,7 +298,7 @@ func runEventsRetry(ctx context.Context, g *globals, args []string, aggregate st
 			switch h := res.BlockedByHold; {
 			case h != nil:
 				fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate, which is held until %s (%s: %s); to retry that one: outbox events retry %d\n",
-					h.EventID, fmtTime(h.HeldUntil), h.Reason, oneLine(h.Error), h.EventID)
+					h.EventID, fmtTime(h.HeldUntil), oneLine(h.Reason), oneLine(h.Error), h.EventID)
 			case res.BlockedBy != 0:
 				fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate (not held; see 'outbox events show %d')\n", res.BlockedBy, res.BlockedBy)
 			}
@@ -324,7 +325,7 @@ func printHolds(g *globals, hs []ops.Hold) error {
 	w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "  ID\tAGGREGATE\tTYPE\tHELD UNTIL\tATTEMPTS\tREASON\tERROR")
 	for _, h := range hs {
-		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%d\t%s\t%s\n", h.EventID, h.AggregateID, h.Type, fmtTime(h.HeldUntil), h.Attempts, h.Reason, oneLine(h.Error))
+		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%d\t%s\t%s\n", h.EventID, h.AggregateID, clip.Field(clip.Text(h.Type, 60)), fmtTime(h.HeldUntil), h.Attempts, oneLine(h.Reason), clip.Text(oneLine(h.Error), 300))
 	}
 	return w.Flush()
 }
@@ -390,7 +391,7 @@ func runEventsPark(ctx context.Context, g *globals, arg, reason string, lockTime
 	if res.Applied {
 		verb = "parked"
 	}
-	fmt.Fprintf(g.stdout, "%s event %d (aggregate %s, %s, created %s) with reason %q\n", verb, ev.ID, ev.AggregateID, ev.Type, fmtTime(ev.CreatedAt), ev.Reason)
+	fmt.Fprintf(g.stdout, "%s event %d (aggregate %s, %s, created %s) with reason %q\n", verb, ev.ID, ev.AggregateID, clip.Field(ev.Type), fmtTime(ev.CreatedAt), ev.Reason)
 	fmt.Fprintf(g.stdout, "  last error: %s\n", dash(oneLine(ev.LastError)))
 	if res.Applied {
 		fmt.Fprintf(g.stdout, "  it left the outbox for the parked table; its failure record was deleted; the relayers were woken\n")
@@ -453,7 +454,7 @@ prints what it would do and changes nothing.`,
 				verb = "unparked"
 			}
 			fmt.Fprintf(g.stdout, "%s event %d (aggregate %s, %s, created %s), parked %s with reason %q\n",
-				verb, ev.ID, ev.AggregateID, ev.Type, fmtTime(ev.CreatedAt), fmtTime(ev.ParkedAt), oneLine(ev.Reason))
+				verb, ev.ID, ev.AggregateID, clip.Field(ev.Type), fmtTime(ev.CreatedAt), fmtTime(ev.ParkedAt), oneLine(ev.Reason))
 			fmt.Fprintf(g.stdout, "  last error: %s\n", dash(oneLine(ev.LastError)))
 			be := "would be"
 			if res.Applied {
@@ -546,7 +547,7 @@ func runEventsReplay(ctx context.Context, g *globals, cfg ops.ReplayConfig, aggr
 	}
 	var filters []string
 	if cfg.Type != "" {
-		filters = append(filters, "type "+cfg.Type)
+		filters = append(filters, "type "+clip.Field(cfg.Type))
 	}
 	if cfg.AggregateID != uuid.Nil {
 		filters = append(filters, "aggregate "+cfg.AggregateID.String())

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/clip"
 )
 
 // Main runs the CLI with args and returns the process exit code.
@@ -36,7 +37,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	var ex *exitError
 	if errors.As(err, &ex) {
 		if ex.msg != "" {
-			fmt.Fprintln(stderr, prefixed(ex.msg))
+			fmt.Fprintln(stderr, prefixed(oneLine(ex.msg)))
 		}
 		return ex.code
 	}
@@ -62,7 +63,11 @@ type exitError struct {
 
 func (e *exitError) Error() string { return e.msg }
 
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+// oneLine is s on one line with what a terminal could act on escaped: line
+// breaks and runs of white space become one space, control characters
+// and the like become visible escapes (clip.Printable). Errors and reasons
+// quote what was read from the outbox, which its writer chose.
+func oneLine(s string) string { return clip.Printable(strings.Join(strings.Fields(s), " ")) }
 
 // globals are the flags every command shares.
 type globals struct {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/ops"
 )
@@ -130,7 +131,7 @@ func fmtHeld(l ops.Lag) string {
 	}
 	reasons := make([]string, 0, len(l.HeldByReason))
 	for r, n := range l.HeldByReason {
-		reasons = append(reasons, fmt.Sprintf("%s %d", r, n))
+		reasons = append(reasons, fmt.Sprintf("%s %d", clip.Field(r), n))
 	}
 	slices.Sort(reasons)
 	return fmt.Sprintf("(%s; the oldest for %s)", strings.Join(reasons, ", "), fmtAge(l.OldestHeldAge))

@@ -129,7 +129,7 @@ func runWALWatchdog(ctx context.Context, g *globals, db ops.Queryer, t outbox.Ta
 		fmt.Fprintf(g.stdout, "outbox %s (relayed from the WAL): slot %s %s behind (max %s), wal_status %s, reader %s\n",
 			t.OutboxIdent(), s.Name, fmtBytes(s.LagBytes), fmtBytes(rep.MaxSlotLagBytes), s.WALStatus, fmtReader(s))
 		for _, p := range rep.Problems {
-			fmt.Fprintf(g.stdout, "  - %s\n", p)
+			fmt.Fprintf(g.stdout, "  - %s\n", oneLine(p))
 		}
 	}
 	if rep.Healthy() {
@@ -157,7 +157,7 @@ func printReport(g *globals, t outbox.Tables, rep ops.Report) error {
 			waits = fmt.Sprint(s.BlockedBy)
 		}
 		if s.LastError != "" {
-			reason, attempts, lastErr = s.Reason, fmt.Sprint(s.Attempts), oneLine(s.LastError)
+			reason, attempts, lastErr = oneLine(s.Reason), fmt.Sprint(s.Attempts), oneLine(s.LastError)
 			switch {
 			case s.HeldUntil.IsZero():
 				retry = "lifted"
@@ -167,7 +167,7 @@ func printReport(g *globals, t outbox.Tables, rep ops.Report) error {
 				retry = "due"
 			}
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.AggregateID, clip.Text(s.Type, 60), fmtAge(s.Age), waits, reason, attempts, retry, clip.Text(lastErr, 300))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.AggregateID, clip.Field(clip.Text(s.Type, 60)), fmtAge(s.Age), waits, reason, attempts, retry, clip.Text(lastErr, 300))
 	}
 	if err := w.Flush(); err != nil {
 		return err
