@@ -2,13 +2,16 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -70,6 +73,13 @@ func startTracing(c *cobra.Command, log *slog.Logger) error {
 	if err := tracingProtocol(os.Getenv); err != nil {
 		return err
 	}
+	if err := tracingEndpointCheck(os.Getenv); err != nil {
+		return err
+	}
+	// The SDK reports its own trouble through its global logger (to
+	// stderr, quoting what it could not parse: a header's value, a URL)
+	// and its error handler: both go to the command's log, redacted.
+	otel.SetLogger(logr.New(otelLogSink{log: log}))
 	ctx := c.Context()
 	if ctx == nil {
 		ctx = context.Background()
@@ -93,7 +103,7 @@ func startTracing(c *cobra.Command, log *slog.Logger) error {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("trace export failed", "err", err)
+		log.Warn("trace export failed", "err", redactURLs(err.Error()))
 	}))
 	log.Info("exporting traces over OTLP/HTTP", "endpoint", tracingEndpoint(os.Getenv))
 
@@ -127,6 +137,83 @@ func startTracing(c *cobra.Command, log *slog.Logger) error {
 	}
 	return nil
 }
+
+// tracingEndpointCheck refuses an OTLP endpoint the exporter would not
+// use as given: one that is not an http:// or https:// URL with a host
+// (the exporter logs it, credentials and all, and exports nowhere), or
+// one that carries credentials, which the exporter drops. Its message
+// shows the value with any credentials redacted.
+func tracingEndpointCheck(getenv func(string) string) error {
+	const fix = "set it to the collector's OTLP/HTTP URL, e.g. http://localhost:4318"
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		v := getenv(name)
+		if v == "" {
+			continue
+		}
+		shown := redactURLs(v)
+		u, err := url.Parse(v)
+		var uerr *url.Error
+		switch {
+		case errors.As(err, &uerr):
+			return fmt.Errorf("%s=%s is not a URL (%s); %s", name, shown, redactURLs(uerr.Err.Error()), fix)
+		case err != nil:
+			return fmt.Errorf("%s=%s is not a URL; %s", name, shown, fix)
+		case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+			return fmt.Errorf("%s=%s is not an http:// or https:// URL with a host; %s", name, shown, fix)
+		case u.User != nil:
+			return fmt.Errorf("%s=%s holds credentials, which the OTLP exporter does not send; remove them from the URL and "+
+				"pass them as a header: OTEL_EXPORTER_OTLP_HEADERS=Authorization=Basic%%20<base64 of user:password>", name, shown)
+		}
+	}
+	return nil
+}
+
+// userinfo is the credentials part of a URL, as scheme://user:password@.
+var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s"']*@`)
+
+// redactURLs replaces the credentials of every URL in s, parsable or not,
+// with xxxxx.
+func redactURLs(s string) string {
+	return userinfo.ReplaceAllString(s, "${1}xxxxx@")
+}
+
+// otelLogSink is the OpenTelemetry SDK's global logger: its errors and
+// warnings go to the command's log. Only the message, the error (its URLs
+// redacted) and file names are kept: the SDK's other values quote what it
+// failed to parse, such as a header that holds a token.
+type otelLogSink struct{ log *slog.Logger }
+
+func (s otelLogSink) Init(logr.RuntimeInfo) {}
+
+// Enabled lets errors and warnings through (otel logs warnings at V(1),
+// info at V(4) and debug at V(8)).
+func (s otelLogSink) Enabled(level int) bool { return level <= 1 }
+
+func (s otelLogSink) Info(_ int, msg string, kv ...any) {
+	s.log.Warn("OpenTelemetry: "+redactURLs(msg), s.attrs(kv)...)
+}
+
+func (s otelLogSink) Error(err error, msg string, kv ...any) {
+	args := s.attrs(kv)
+	if err != nil {
+		args = append(args, "err", redactURLs(err.Error()))
+	}
+	s.log.Warn("OpenTelemetry: "+redactURLs(msg), args...)
+}
+
+func (s otelLogSink) attrs(kv []any) []any {
+	var args []any
+	for i := 0; i+1 < len(kv); i += 2 {
+		if k, ok := kv[i].(string); ok && k == "file" {
+			args = append(args, k, fmt.Sprint(kv[i+1]))
+		}
+	}
+	return args
+}
+
+func (s otelLogSink) WithValues(...any) logr.LogSink { return s }
+
+func (s otelLogSink) WithName(string) logr.LogSink { return s }
 
 // tracingEndpoint is where spans go, for the log, without credentials.
 func tracingEndpoint(getenv func(string) string) string {

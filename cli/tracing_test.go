@@ -2,9 +2,13 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -168,5 +172,58 @@ func TestTracingEnabled(t *testing.T) {
 	} {
 		err := tracingProtocol(func(k string) string { return tc.env[k] })
 		require.Equal(t, tc.ok, err == nil, "%v: %v", tc.env, err)
+	}
+}
+
+// runMainProcess runs `outbox args...` in a process of its own (this test
+// binary, through TestMain) with env added to an environment without
+// OTEL_ variables, and returns its exit code and everything it wrote.
+func runMainProcess(t *testing.T, env []string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OTEL_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(append(cmd.Env, mainEnv+"="+strings.Join(args, " ")), env...)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), string(out)
+	}
+	require.NoError(t, err)
+	return 0, string(out)
+}
+
+// A password in the OTLP endpoint, or a token in a malformed
+// OTEL_EXPORTER_OTLP_HEADERS, is never printed: not by the command's
+// errors and logs, nor by the OpenTelemetry SDK's own logger. A bad
+// endpoint is refused with its credentials redacted.
+func TestTracingNeverPrintsCredentials(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cretpw"
+	for _, tc := range []struct {
+		name, want string
+		code       int
+		env        []string
+	}{
+		{"unparsable endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT=http://xxxxx@host:bad is not a URL", 1,
+			[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://u:" + secret + "@host:bad"}},
+		{"endpoint with credentials", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://xxxxx@127.0.0.1:1/v1/traces holds credentials", 1,
+			[]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://u:" + secret + "@127.0.0.1:1/v1/traces"}},
+		{"endpoint without scheme", "OTEL_EXPORTER_OTLP_ENDPOINT=collector:4318 is not an http:// or https:// URL", 1,
+			[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=collector:4318"}},
+		{"malformed headers", "OpenTelemetry: parse headers", 0,
+			[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_HEADERS=Authorization Bearer " + secret}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			code, out := runMainProcess(t, tc.env, "migrate", "print", "--from", "1")
+			t.Logf("output:\n%s", out)
+			require.Equal(t, tc.code, code)
+			require.NotContains(t, out, secret)
+			require.Contains(t, out, tc.want)
+		})
 	}
 }
