@@ -556,15 +556,24 @@ func runEventsReplay(ctx context.Context, g *globals, cfg ops.ReplayConfig, aggr
 	if len(filters) > 0 {
 		scope += " (" + strings.Join(filters, ", ") + ")"
 	}
+	// The ids found, when they are not the range's ends.
+	found := ""
+	switch {
+	case res.Rows == 0 || res.FirstID == cfg.FromID && res.LastID == cfg.ToID:
+	case res.FirstID == res.LastID:
+		found = fmt.Sprintf(" (id %d)", res.FirstID)
+	default:
+		found = fmt.Sprintf(" (ids %d to %d of them)", res.FirstID, res.LastID)
+	}
 	switch {
 	case res.Rows == 0:
 		fmt.Fprintf(g.stdout, "no dispatched event in %s: nothing to replay\n", scope)
 	case res.Applied:
-		fmt.Fprintf(g.stdout, "replayed %d dispatched event(s) in %s, ids %d to %d, in %d chunk(s): pending again with created_at = now(); the relayers were woken\n",
-			res.Rows, scope, res.FirstID, res.LastID, res.Chunks)
+		fmt.Fprintf(g.stdout, "replayed %d dispatched event(s) in %s%s, in %d chunk(s): pending again, each with its created_at kept and requeued_at = now(); the relayers were woken\n",
+			res.Rows, scope, found, res.Chunks)
 	default:
-		fmt.Fprintf(g.stdout, "would replay %d dispatched event(s) in %s, ids %d to %d: set back to pending with created_at = now() (the original is lost), in chunks of %d rows\n",
-			res.Rows, scope, res.FirstID, res.LastID, cfg.ChunkSize)
+		fmt.Fprintf(g.stdout, "would replay %d dispatched event(s) in %s%s, in chunks of %d rows: set back to pending, each with its created_at kept and requeued_at = now()\n",
+			res.Rows, scope, found, cfg.ChunkSize)
 	}
 	if res.Pending > 0 {
 		fmt.Fprintf(g.stdout, "  %d event(s) in the range are pending already and are left as they are\n", res.Pending)

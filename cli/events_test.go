@@ -233,7 +233,7 @@ VALUES ($1, $2, 'order.placed', 'too_large', 'MESSAGE_TOO_LARGE: the broker refu
 	before = dump(t, db)
 	code, stdout, _ = runCLI(t, db, "events", "replay", "--from-id", "1", "--to-id", ids(done))
 	require.Equal(t, 0, code)
-	require.Contains(t, stdout, fmt.Sprintf("would replay 1 dispatched event(s) in ids 1 to %d, ids %d to %d", done, done, done))
+	require.Contains(t, stdout, fmt.Sprintf("would replay 1 dispatched event(s) in ids 1 to %d (id %d)", done, done))
 	require.Contains(t, stdout, "2 event(s) in the range are pending already")
 	require.Equal(t, before, dump(t, db))
 	code, stdout, stderr = runCLI(t, db, "events", "replay", "--from-id", "1", "--to-id", ids(done), "--type", "order.placed", "--yes")
@@ -244,6 +244,42 @@ VALUES ($1, $2, 'order.placed', 'too_large', 'MESSAGE_TOO_LARGE: the broker refu
 	code, stdout, _ = runCLI(t, db, "events", "replay", "--from-id", "1", "--to-id", ids(done), "--yes")
 	require.Equal(t, 0, code)
 	require.Contains(t, stdout, "nothing to replay")
+}
+
+// replay says what it does: each row keeps its created_at and gets
+// requeued_at, and the range is named once, with the ids found only
+// when they are not its ends.
+func TestReplaySaysCreatedAtIsKept(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 2})
+	first := insertRow(t, db, uuid.New(), "order.placed", `{}`)
+	last := insertRow(t, db, uuid.New(), "order.placed", `{}`)
+	execSQL(t, db, `UPDATE {{outbox}} SET dispatched_at = now(), created_at = now() - interval '1 day'`)
+	var created time.Time
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT created_at FROM "+db.Tables.OutboxIdent()+" WHERE id = $1", first).Scan(&created))
+	from, to := strconv.FormatInt(first, 10), strconv.FormatInt(last, 10)
+	rng := fmt.Sprintf("in ids %d to %d", first, last)
+
+	for _, yes := range []bool{false, true} {
+		args := []string{"events", "replay", "--from-id", from, "--to-id", to}
+		if yes {
+			args = append(args, "--yes")
+		}
+		code, stdout, stderr := runCLI(t, db, args...)
+		require.Equal(t, 0, code, stderr)
+		head, _, _ := strings.Cut(stdout, "\n")
+		t.Log(head)
+		require.Contains(t, head, "2 dispatched event(s) "+rng+",")
+		require.Equal(t, 1, strings.Count(stdout, fmt.Sprintf("ids %d to %d", first, last)), "the range is named once")
+		require.Contains(t, head, "created_at kept and requeued_at = now()")
+		require.NotContains(t, stdout, "created_at = now()")
+		require.NotContains(t, stdout, "lost")
+	}
+	var kept time.Time
+	var requeued *time.Time
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT created_at, requeued_at FROM "+db.Tables.OutboxIdent()+" WHERE id = $1", first).Scan(&kept, &requeued))
+	require.True(t, created.Equal(kept), "created_at is kept, as replay says")
+	require.NotNil(t, requeued)
 }
 
 // The default of --database-url, shown in every command's help, never
