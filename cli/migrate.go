@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/migrate"
 )
 
@@ -157,7 +158,7 @@ func newMigratePrintCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "print",
 		Short: "Write the SQL of the migrations, for goose, Flyway, Atlas or psql",
-		Long: `print writes the SQL of each migration to stdout, rendered for --schema,
+		Long: fmt.Sprintf(`print writes the SQL of each migration to stdout, rendered for --schema,
 --table and --processed-table, for teams whose own tool applies schema
 changes. It connects to no database.
 
@@ -170,7 +171,7 @@ copy each INSERT with its migration. Run each migration in one transaction;
 
   outbox migrate print --schema app > outbox.sql      every migration
   outbox migrate print --from 3                       only those above 3
-  outbox migrate print --down --to 2                  revert 4, 3 (newest first)`,
+  outbox migrate print --down --to 2                  revert %s`, revertExample(2)),
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			switch {
@@ -204,6 +205,20 @@ copy each INSERT with its migration. Run each migration in one transaction;
 	f.BoolVar(&down, "down", false, "print the down migrations instead, newest first (they destroy data)")
 	f.IntVar(&to, "to", 0, "with --down: the version to revert to (0 drops the tables)")
 	return cmd
+}
+
+// revertExample says which versions 'migrate print --down --to to'
+// reverts with this binary's migrations, newest first: "versions 6 to 3
+// (newest first)".
+func revertExample(to int) string {
+	m, err := migrate.New(outbox.Tables{})
+	if err != nil || m.Latest() <= to {
+		return "every version above it (newest first)"
+	}
+	if m.Latest() == to+1 {
+		return fmt.Sprintf("version %d", m.Latest())
+	}
+	return fmt.Sprintf("versions %d to %d (newest first)", m.Latest(), to+1)
 }
 
 func (g *globals) migrator(c *cobra.Command) (*migrate.Migrator, interface {

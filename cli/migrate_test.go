@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -68,4 +69,23 @@ func TestMigratePrintDownRevertsNewestFirst(t *testing.T) {
 		require.Equal(t, 1, code, args)
 		require.NotEmpty(t, stderr)
 	}
+}
+
+// The help's example of --down --to 2 names the versions the command
+// really prints, whatever the number of migrations this binary carries.
+func TestMigratePrintHelpNamesTheVersionsItReverts(t *testing.T) {
+	t.Parallel()
+	code, help, stderr := outbox(t, "migrate", "print", "--help")
+	require.Equal(t, 0, code, stderr)
+	m := regexp.MustCompile(`outbox migrate print --down --to 2 +revert versions (\d+) to (\d+) \(newest first\)`).FindStringSubmatch(help)
+	require.NotNil(t, m, "the help names the versions --down --to 2 reverts:\n%s", help)
+
+	code, out, stderr := outbox(t, "migrate", "print", "--down", "--to", "2")
+	require.Equal(t, 0, code, stderr)
+	var printed []string
+	for _, v := range regexp.MustCompile(`(?m)^-- outbox migration (\d+): `).FindAllStringSubmatch(out, -1) {
+		printed = append(printed, v[1])
+	}
+	require.Equal(t, m[1], printed[0], "the newest version reverted")
+	require.Equal(t, m[2], printed[len(printed)-1], "the oldest version reverted")
 }
