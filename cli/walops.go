@@ -33,16 +33,29 @@ func printWALStats(g *globals, t outbox.Tables, st ops.WALStats) error {
 	fmt.Fprintf(w, "slot lag\t%s\t(WAL since the position the broker acknowledged: %s)\n", fmtBytes(s.LagBytes), s.ConfirmedFlushLSN)
 	fmt.Fprintf(w, "wal status\t%s\t%s\n", s.WALStatus, walStatusNote(s.WALStatus))
 	fmt.Fprintf(w, "reader\t%s\n", fmtReader(s))
-	safe := "unlimited (max_slot_wal_keep_size = -1: the slot can fill the disk)"
-	if s.SafeWALBytes != nil {
-		safe = fmtBytes(*s.SafeWALBytes) + " more WAL before the slot is lost"
-	}
-	fmt.Fprintf(w, "safe wal size\t%s\n", safe)
+	fmt.Fprintf(w, "safe wal size\t%s\n", fmtSafeWAL(s))
 	fmt.Fprintf(w, "oldest row\t%s\t(retention cleanup deletes rows the slot confirmed, after --retention)\n", fmtAge(st.OldestRowAge))
 	fmt.Fprintf(w, "table size\t%s\t(with indexes and TOAST)\n", fmtBytes(st.TableBytes))
 	fmt.Fprintf(w, "live / dead rows\t%d / %d\n", st.LiveRows, st.DeadRows)
 	fmt.Fprintf(w, "last vacuum\t%s\n", fmtVacuum(st.LastVacuum, st.LastAutovacuum))
 	return w.Flush()
+}
+
+// fmtSafeWAL says how much more WAL the server may write before the slot
+// is lost. safe_wal_size is NULL both when max_slot_wal_keep_size is
+// unlimited and when the slot is lost already: the setting tells them
+// apart.
+func fmtSafeWAL(s ops.WALSlot) string {
+	keep := "max_slot_wal_keep_size = " + s.MaxSlotWALKeepSize
+	switch {
+	case s.WALStatus == "lost":
+		return "none: the slot is lost (" + keep + ")"
+	case s.SafeWALBytes != nil:
+		return fmt.Sprintf("%s more WAL before the slot is lost (%s)", fmtBytes(*s.SafeWALBytes), keep)
+	case s.MaxSlotWALKeepSize == "-1":
+		return "unlimited (" + keep + ": the slot can fill the disk)"
+	}
+	return "unknown (" + keep + ")"
 }
 
 func walStatusNote(status string) string {
@@ -69,15 +82,16 @@ func fmtReader(s ops.WALSlot) string {
 
 func walSlotJSON(s ops.WALSlot) map[string]any {
 	return map[string]any{
-		"name":                 s.Name,
-		"lag_bytes":            s.LagBytes,
-		"wal_status":           s.WALStatus,
-		"active":               s.Active,
-		"active_pid":           s.ActivePID,
-		"confirmed_flush_lsn":  s.ConfirmedFlushLSN,
-		"safe_wal_size_bytes":  s.SafeWALBytes,
-		"inactive_since":       timeOrNil(s.InactiveSince),
-		"inactive_since_known": s.InactiveSinceKnown,
+		"name":                   s.Name,
+		"lag_bytes":              s.LagBytes,
+		"wal_status":             s.WALStatus,
+		"active":                 s.Active,
+		"active_pid":             s.ActivePID,
+		"confirmed_flush_lsn":    s.ConfirmedFlushLSN,
+		"safe_wal_size_bytes":    s.SafeWALBytes,
+		"max_slot_wal_keep_size": s.MaxSlotWALKeepSize,
+		"inactive_since":         timeOrNil(s.InactiveSince),
+		"inactive_since_known":   s.InactiveSinceKnown,
 	}
 }
 

@@ -341,7 +341,8 @@ SELECT (SELECT count(*) FROM upd), coalesce((SELECT min(id) FROM upd), 0), coale
 // catalog view, no index involved.
 const walSlotSQL = `SELECT coalesce((pg_current_wal_lsn() - s.confirmed_flush_lsn)::bigint, 0), coalesce(s.wal_status, ''),
   s.active, coalesce(s.active_pid, 0), coalesce(s.confirmed_flush_lsn, '0/0'::pg_lsn)::text, s.safe_wal_size,
-  (to_jsonb(s) ->> 'inactive_since')::timestamptz, to_jsonb(s) ? 'inactive_since'
+  (to_jsonb(s) ->> 'inactive_since')::timestamptz, to_jsonb(s) ? 'inactive_since',
+  current_setting('max_slot_wal_keep_size')
 FROM pg_replication_slots s WHERE s.slot_name = $1 AND s.database = current_database()`
 
 // oldestRowSQL reads the age of the lowest id's row (the primary key).

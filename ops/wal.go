@@ -43,8 +43,12 @@ type WALSlot struct {
 	// ConfirmedFlushLSN is the position the relayer last acknowledged.
 	ConfirmedFlushLSN string
 	// SafeWALBytes is how much more WAL can be written before the slot is
-	// lost (safe_wal_size); nil when max_slot_wal_keep_size is unlimited.
+	// lost (safe_wal_size); nil when max_slot_wal_keep_size is unlimited,
+	// and when the slot is lost already.
 	SafeWALBytes *int64
+	// MaxSlotWALKeepSize is the server's max_slot_wal_keep_size as it
+	// shows it ("16MB"; "-1" for unlimited).
+	MaxSlotWALKeepSize string
 	// InactiveSince is when the slot was last released (PG 17+:
 	// inactive_since); zero while active. InactiveSinceKnown is false on
 	// servers that do not report it (PG 16 and older): how long an
@@ -69,7 +73,7 @@ func ReadWALSlot(ctx context.Context, db Queryer, slot string) (s WALSlot, found
 	s.Name = slot
 	var inactive *time.Time
 	err = db.QueryRow(ctx, walSlotSQL, slot).Scan(&s.LagBytes, &s.WALStatus, &s.Active, &s.ActivePID,
-		&s.ConfirmedFlushLSN, &s.SafeWALBytes, &inactive, &s.InactiveSinceKnown)
+		&s.ConfirmedFlushLSN, &s.SafeWALBytes, &inactive, &s.InactiveSinceKnown, &s.MaxSlotWALKeepSize)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, false, nil
 	}
