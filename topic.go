@@ -13,6 +13,9 @@ const maxTopicLen = 249
 // "order" (or "prod.order" with prefix "prod."). The relayer and Emit use the
 // same rule, so a type Emit accepts is a type the relayer can publish.
 func Topic(prefix, eventType string) (string, error) {
+	if eventType == "" {
+		return "", fmt.Errorf("%w: the type is empty, so it names no topic; write it as \"topic.event\", e.g. \"order.placed\"", ErrInvalidTopic)
+	}
 	base, _, _ := strings.Cut(eventType, ".")
 	if base == "" {
 		return "", fmt.Errorf("%w: type %s starts with '.', so it names no topic; write it as \"topic.event\", e.g. \"order.placed\"", ErrInvalidTopic, quoteShort(eventType))
