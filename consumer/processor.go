@@ -149,7 +149,7 @@ func (p *Processor) Check(ctx context.Context) error {
 	_, err := p.cfg.Pool.Exec(ctx, render(checkSQL, p.cfg.Tables))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "3F000") {
-		return fmt.Errorf("consumer: processed table %s is missing or out of date (%s); run 'outbox migrate' against the consumer's database", p.table, pgErr.Message)
+		return fmt.Errorf("consumer: processed table %s is missing or out of date (%s); run 'outbox migrate up' against the consumer's database (with the --schema and --processed-table the consumer uses)", p.table, pgErr.Message)
 	}
 	if err != nil {
 		return fmt.Errorf("consumer: check processed table %s: %w", p.table, err)

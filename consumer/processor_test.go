@@ -315,3 +315,13 @@ func TestProcessorConfigErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.ErrorContains(t, p.Check(context.Background()), "outbox migrate")
 }
+
+// On a database that was never migrated, Check names the command that
+// migrates it: 'outbox migrate' alone only lists its subcommands.
+func TestCheckOnAnUnmigratedDatabaseSaysMigrateUp(t *testing.T) {
+	t.Parallel()
+	empty := pgtest.New(t, pgtest.Options{NoMigrate: true, MaxConns: 2})
+	p, err := consumer.NewProcessor(consumer.ProcessorConfig{Name: "x", Pool: empty.Pool, Tables: empty.Tables})
+	require.NoError(t, err)
+	require.ErrorContains(t, p.Check(context.Background()), "run 'outbox migrate up' against the consumer's database")
+}
