@@ -120,7 +120,7 @@ Configuration comes from flags, with environment fallbacks:
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return fmt.Errorf("%s (see '%s --help')", err, c.CommandPath())
+		return fmt.Errorf("%s (see '%s --help')", suggestFlag(c, err), c.CommandPath())
 	})
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.logLevel, "log-level", "info", "log level: debug, info, warn, error")

@@ -46,6 +46,30 @@ func TestMistypedSubcommandIsAnError(t *testing.T) {
 	}
 }
 
+// A mistyped flag is an error that suggests the command's nearest flags
+// (within two edits, or the ones the name starts), as a mistyped
+// subcommand suggests the nearest command; a name near none gets none.
+func TestMistypedFlagSuggestsTheNearest(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cleanup", "--retenton", "7d"}, "unknown flag: --retenton; did you mean --retention? (see 'outbox cleanup --help')"},
+		{[]string{"relay", "--brokrs", "x:9092"}, "unknown flag: --brokrs; did you mean --brokers? (see 'outbox relay --help')"},
+		{[]string{"events", "replay", "--from", "1"}, "unknown flag: --from; did you mean --from-id? (see 'outbox events replay --help')"},
+		{[]string{"stats", "--log-levl", "debug"}, "unknown flag: --log-levl; did you mean --log-level? (see 'outbox stats --help')"},
+		{[]string{"watchdog", "--stuck=5m"}, "unknown flag: --stuck; did you mean --stuck-after? (see 'outbox watchdog --help')"},
+		{[]string{"migrate", "up", "--bogus"}, "unknown flag: --bogus (see 'outbox migrate up --help')"},
+	}
+	for _, tc := range cases {
+		code, out, stderr := outbox(t, tc.args...)
+		require.Equal(t, 1, code, "%v", tc.args)
+		require.Empty(t, out)
+		require.Equal(t, "outbox: "+tc.want+"\n", stderr)
+	}
+}
+
 func TestErrorHintsNameTheCommandOnce(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
