@@ -12,8 +12,9 @@ import (
 
 func newCleanupCmd(g *globals) *cobra.Command {
 	var (
-		cfg  ops.CleanupConfig
-		slot string
+		cfg        ops.CleanupConfig
+		slot       string
+		allowShort bool
 	)
 	cmd := &cobra.Command{
 		Use:   "cleanup",
@@ -52,6 +53,9 @@ table is then where its missing events are republished from.`,
 				return fmt.Errorf("%s %d: use 1 to 1000000 rows per statement", flagAsGiven(c.Flags(), "batch-size", "batch"), cfg.BatchSize)
 			case cfg.Pause < 0:
 				return fmt.Errorf("--pause %s: use 0 or a positive duration", cfg.Pause)
+			}
+			if err := checkRetentions(cfg.Retention, cfg.ProcessedRetention, allowShort); err != nil {
+				return err
 			}
 			cfg.SkipProcessed = cfg.ProcessedRetention == 0
 			if cfg.Pause == 0 {
@@ -121,7 +125,34 @@ table is then where its missing events are republished from.`,
 	durationVar(f, &cfg.Pause, "pause", ops.DefaultCleanupPause, "pause between batches")
 	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<table>; when it exists, rows the slot confirmed are deleted whatever their dispatched_at)")
 	durationVar(f, &cfg.WALConfirmWait, "confirm-wait", ops.DefaultWALConfirmWait, "WAL mode: how long to wait for the slot to confirm the position noted at the start")
+	f.BoolVar(&allowShort, allowShortRetentionFlag, false, "allow a --retention or --processed-retention under "+formatDays(minRetention))
 	return cmd
+}
+
+// minRetention is the shortest --retention and --processed-retention taken
+// without --allow-short-retention: a retention of 1ns, a unit mistyped,
+// deletes every dispatched row (or every consumer's dedupe row, so that
+// each redelivered record is applied again) at once.
+const minRetention = time.Minute
+
+const allowShortRetentionFlag = "allow-short-retention"
+
+// checkRetentions refuses a retention under minRetention unless allowed;
+// 0, for the processed retention, leaves the table alone.
+func checkRetentions(retention, processed time.Duration, allow bool) error {
+	if allow {
+		return nil
+	}
+	if retention > 0 && retention < minRetention {
+		return fmt.Errorf("--retention %s is under %s: it deletes every dispatched row older than that at once; use e.g. 7d, or add --%s if you mean it",
+			formatDays(retention), formatDays(minRetention), allowShortRetentionFlag)
+	}
+	if processed > 0 && processed < minRetention {
+		return fmt.Errorf("--processed-retention %s is under %s: it deletes the consumers' dedupe rows at once, so a record delivered again is applied twice; "+
+			"use e.g. 30d, 0 to leave processed_events alone, or add --%s if you mean it",
+			formatDays(processed), formatDays(minRetention), allowShortRetentionFlag)
+	}
+	return nil
 }
 
 func plural(n int, one, many string) string {

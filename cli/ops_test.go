@@ -306,6 +306,36 @@ func TestCleanupCommandRejectsBadFlags(t *testing.T) {
 	}
 }
 
+// A retention under a minute (a mistyped unit: 1ns) would delete every
+// dispatched row, or every dedupe row, at once: cleanup and the relay's
+// cleanup job refuse it unless --allow-short-retention says it is meant.
+func TestCleanupRefusesAShortRetention(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 2})
+	emit(t, db, uuid.New(), "order.placed", map[string]int{"n": 1})
+	_, err := db.Pool.Exec(context.Background(), "UPDATE "+db.Tables.OutboxIdent()+" SET dispatched_at = now() - interval '1 second'")
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cleanup", "--retention", "1ns"}, "--retention 1ns is under 1m: it deletes every dispatched row older than that at once; use e.g. 7d, or add --allow-short-retention if you mean it"},
+		{[]string{"cleanup", "--processed-retention", "30s"}, "--processed-retention 30s is under 1m"},
+		{[]string{"relay", "--brokers", "127.0.0.1:1", "--retention", "1ns"}, "--retention 1ns is under 1m"},
+	} {
+		code, _, stderr := runCLI(t, db, tc.args...)
+		require.Equal(t, 1, code, "%v: %s", tc.args, stderr)
+		require.Contains(t, stderr, tc.want, tc.args)
+		require.Equal(t, int64(1), count(t, db, "true"), "%v deleted nothing", tc.args)
+	}
+
+	code, stdout, stderr := runCLI(t, db, "cleanup", "--retention", "1ns", "--allow-short-retention")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "deleted 1 dispatched rows older than 1ns")
+	require.Zero(t, count(t, db, "true"))
+}
+
 func TestStatsCommand(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

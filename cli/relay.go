@@ -208,5 +208,8 @@ func (o *relayOptions) check() error {
 	if o.cfg.BusyPollInterval == 0 {
 		return errors.New("--busy-poll-interval 0: use a positive duration, or a negative one to turn it off")
 	}
+	if o.ops.cleanupInterval > 0 {
+		return checkRetentions(o.ops.cfg.Cleanup.Retention, o.ops.processedRetention, o.ops.allowShort)
+	}
 	return nil
 }

@@ -28,6 +28,7 @@ type relayOps struct {
 	cfg                ops.MonitorConfig
 	cleanupInterval    time.Duration
 	processedRetention time.Duration
+	allowShort         bool
 
 	mon *ops.Monitor
 	// addr is where the HTTP server listens, once started.
@@ -46,6 +47,7 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 	f.IntVar(&o.cfg.Cleanup.BatchSize, "cleanup-batch-size", ops.DefaultCleanupBatch, "rows per cleanup delete statement (as 'outbox cleanup --batch-size')")
 	deprecatedAlias(f, "cleanup-batch-size", "cleanup-batch")
 	durationVar(f, &o.cfg.Cleanup.Pause, "cleanup-pause", ops.DefaultCleanupPause, "pause between cleanup batches")
+	f.BoolVar(&o.allowShort, allowShortRetentionFlag, false, "allow a --retention or --processed-retention under "+formatDays(minRetention))
 }
 
 // instrument checks the flags, builds the monitor and adds its metrics to
