@@ -79,8 +79,11 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) error {
 	ctx := c.Context()
 	o.cfg.DatabaseURL = g.databaseURL
-	var err error
-	if o.cfg.Kafka, err = o.kf.optionalBrokersConfig(); err != nil {
+	warnLog, err := g.logger()
+	if err != nil {
+		return err
+	}
+	if o.cfg.Kafka, err = o.kf.optionalBrokersConfig(warnLog); err != nil {
 		return err
 	}
 	o.cfg.Progress = g.stderr

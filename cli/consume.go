@@ -131,7 +131,7 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 		}
 	}
 	o.cfg.Name, o.cfg.Group = consumeNames(o.cfg.Name, o.cfg.Group)
-	if o.cfg.Client, err = o.kf.brokersConfig(); err != nil {
+	if o.cfg.Client, err = o.kf.brokersConfig(log); err != nil {
 		return err
 	}
 	opts, err := o.cfg.Client.Options()

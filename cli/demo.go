@@ -28,8 +28,11 @@ consumer group too (their names carry the schema's). --keep keeps them.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg.DatabaseURL = g.databaseURL
-			var err error
-			if cfg.Brokers, err = kf.optionalBrokersConfig(); err != nil {
+			warnLog, err := g.logger()
+			if err != nil {
+				return err
+			}
+			if cfg.Brokers, err = kf.optionalBrokersConfig(warnLog); err != nil {
 				return err
 			}
 			cfg.Out = g.stdout

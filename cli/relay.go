@@ -124,7 +124,7 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	default:
 		return fmt.Errorf("--mode %q: use poll (the default) or wal", o.mode)
 	}
-	kcfg, err := o.kf.brokersConfig()
+	kcfg, err := o.kf.brokersConfig(log)
 	if err != nil {
 		return err
 	}

@@ -26,9 +26,12 @@ type ClientConfig struct {
 	TLS                       bool
 	CAFile, CertFile, KeyFile string
 	// TLSInsecureSkipVerify disables server certificate checks (testing
-	// only).
+	// only). It needs TLS: without it the connection would be plaintext,
+	// and Options refuses it.
 	TLSInsecureSkipVerify bool
 	// SASLMechanism is "", "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512".
+	// PLAIN sends the password as it is: use it with TLS
+	// (PlaintextPassword reports when it is not).
 	SASLMechanism          string
 	SASLUser, SASLPassword string
 	// DialTimeout bounds one connection attempt. Defaults to 10s.
@@ -55,8 +58,11 @@ func (c ClientConfig) Options() ([]kgo.Opt, error) {
 	if dial == 0 {
 		dial = 10 * time.Second
 	}
+	if c.TLSInsecureSkipVerify && !c.tlsOn() {
+		return nil, errors.New("kafka: TLSInsecureSkipVerify is set but TLS is off, so the connection would be plaintext; set ClientConfig.TLS too, or drop TLSInsecureSkipVerify")
+	}
 	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.ClientID(id), kgo.DialTimeout(dial)}
-	if c.TLS || c.CAFile != "" || c.CertFile != "" {
+	if c.tlsOn() {
 		tc, err := c.tlsConfig()
 		if err != nil {
 			return nil, err
@@ -71,6 +77,17 @@ func (c ClientConfig) Options() ([]kgo.Opt, error) {
 		opts = append(opts, kgo.SASL(m))
 	}
 	return append(opts, c.Opts...), nil
+}
+
+// tlsOn reports whether the client connects over TLS: TLS, or a CA or
+// client certificate given.
+func (c ClientConfig) tlsOn() bool { return c.TLS || c.CAFile != "" || c.CertFile != "" }
+
+// PlaintextPassword reports whether the configuration sends a SASL
+// password in clear text: SASL PLAIN without TLS, which anyone on the
+// path between client and broker can read.
+func (c ClientConfig) PlaintextPassword() bool {
+	return strings.EqualFold(c.SASLMechanism, "PLAIN") && !c.tlsOn()
 }
 
 func (c ClientConfig) tlsConfig() (*tls.Config, error) {

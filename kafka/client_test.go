@@ -48,6 +48,26 @@ func TestSASLMechanismsAuthenticate(t *testing.T) {
 	}
 }
 
+// Skipping certificate checks needs TLS: without it the client would
+// connect in plaintext, silently.
+func TestInsecureSkipVerifyWithoutTLSIsRefused(t *testing.T) {
+	t.Parallel()
+	_, err := kafka.ClientConfig{Brokers: []string{"h:9092"}, TLSInsecureSkipVerify: true}.Options()
+	require.ErrorContains(t, err, "TLSInsecureSkipVerify is set but TLS is off, so the connection would be plaintext")
+	_, err = kafka.ClientConfig{Brokers: []string{"h:9092"}, TLS: true, TLSInsecureSkipVerify: true}.Options()
+	require.NoError(t, err)
+}
+
+// SASL PLAIN without TLS sends the password in clear: PlaintextPassword
+// says so, for the CLI's warning; with TLS, or SCRAM, it does not.
+func TestPlaintextPassword(t *testing.T) {
+	t.Parallel()
+	require.True(t, kafka.ClientConfig{SASLMechanism: "plain"}.PlaintextPassword())
+	require.False(t, kafka.ClientConfig{SASLMechanism: "PLAIN", TLS: true}.PlaintextPassword())
+	require.False(t, kafka.ClientConfig{SASLMechanism: "PLAIN", CAFile: "ca.pem"}.PlaintextPassword())
+	require.False(t, kafka.ClientConfig{SASLMechanism: "SCRAM-SHA-512"}.PlaintextPassword())
+}
+
 func TestClientConfigRejectsBadInput(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
@@ -60,6 +80,7 @@ func TestClientConfigRejectsBadInput(t *testing.T) {
 		{kafka.ClientConfig{Brokers: []string{"h:9092"}, SASLMechanism: "PLAIN"}, "needs a user"},
 		{kafka.ClientConfig{Brokers: []string{"h:9092"}, CAFile: "/nonexistent/ca.pem"}, "read TLS CA file"},
 		{kafka.ClientConfig{Brokers: []string{"h:9092"}, TLS: true, CertFile: "/x.pem"}, "needs both ClientConfig.CertFile and ClientConfig.KeyFile"},
+		{kafka.ClientConfig{Brokers: []string{"h:9092"}, TLSInsecureSkipVerify: true}, "TLSInsecureSkipVerify is set but TLS is off"},
 	}
 	for _, tc := range cases {
 		_, err := tc.cfg.Options()
