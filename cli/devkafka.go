@@ -20,7 +20,11 @@ func newDevKafkaCmd(g *globals) *cobra.Command {
 		Long: `dev-kafka runs a single-node, in-memory (or --data persisted) broker that
 speaks the Kafka protocol, with topic auto-creation, until interrupted. Any
 Kafka client works against it: outbox relay, kcat, librdkafka, Java. It does
-not replicate: use it for development, demos and tests, not production.`,
+not replicate: use it for development, demos and tests, not production.
+
+--data survives a clean stop only (Ctrl-C, SIGTERM): the broker writes its
+list of topics when it stops, so after kill -9, a crash or a power loss the
+directory is not usable; delete it and start again.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			if cfg.MaxMessageBytes < 0 {
@@ -49,7 +53,7 @@ not replicate: use it for development, demos and tests, not production.`,
 	}
 	cmd.Flags().StringVar(&cfg.Listen, "listen", "127.0.0.1:9092", "host:port to listen on (port 0 picks one)")
 	cmd.Flags().IntVar(&cfg.Partitions, "partitions", 6, "partitions of auto-created topics")
-	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "directory to persist topics and offsets in (default: memory only)")
+	cmd.Flags().StringVar(&cfg.DataDir, "data", "", "directory to persist topics and offsets in across clean stops (not kill -9; default: memory only)")
 	cmd.Flags().IntVar(&cfg.MaxMessageBytes, "max-message-bytes", 0, fmt.Sprintf("the broker's message.max.bytes: larger record batches are refused with MESSAGE_TOO_LARGE (0: Kafka's default, %d)", kafka.DefaultMaxMessageBytes))
 	return cmd
 }

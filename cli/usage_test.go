@@ -166,3 +166,14 @@ func TestCleanupTakesDaysAndLogsTheDatabase(t *testing.T) {
 	require.Equal(t, 1, strings.Count(stderr, "connected to Postgres"), "once: %s", stderr)
 	require.NotContains(t, stderr+out, secret)
 }
+
+// dev-kafka --data keeps its data across a clean stop only (kfake writes
+// its topic list at shutdown): the help says so, where --data is read.
+func TestDevKafkaHelpSaysDataNeedsACleanStop(t *testing.T) {
+	t.Parallel()
+	code, help, stderr := outbox(t, "dev-kafka", "--help")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, help, "--data survives a clean stop only (Ctrl-C, SIGTERM)")
+	require.Contains(t, help, "after kill -9, a crash or a power loss the\ndirectory is not usable")
+	require.Regexp(t, `--data string\s+directory to persist topics and offsets in across clean stops \(not kill -9`, help)
+}

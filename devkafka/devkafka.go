@@ -27,7 +27,9 @@ type Config struct {
 	Listen string
 	// Partitions for auto-created topics. Defaults to 6.
 	Partitions int
-	// DataDir, when set, persists topics and offsets across restarts.
+	// DataDir, when set, persists topics and offsets across restarts
+	// after a clean stop (Close): the topic list is written only then, so
+	// after kill -9 or a crash the directory is not usable.
 	DataDir string
 	// MaxMessageBytes sets the broker's message.max.bytes: the largest
 	// record batch it accepts, and the max.message.bytes of topics that do
