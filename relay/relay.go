@@ -22,6 +22,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -767,6 +768,12 @@ func DecodeHeaders(raw []byte) (map[string]string, error) {
 			return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("header %q is null, not a string; set a value or drop the header in the row, or park the row", k))
 		}
 		out[k] = *v
+	}
+	if !utf8.Valid(raw) { // a SQL_ASCII database's bytes: keep them (headerbytes.go)
+		var err error
+		if out, err = headerBytes(raw); err != nil {
+			return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s could not be read byte for byte (%s); rewrite them as {\"name\": \"value\", ...} or park the row", clip.Text(string(raw), 200), err))
+		}
 	}
 	for k := range out {
 		if outbox.IsReservedHeader(k) {
