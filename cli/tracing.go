@@ -116,6 +116,9 @@ func startTracing(c *cobra.Command, log *slog.Logger) error {
 		otel.SetTracerProvider(prevTP)
 		otel.SetTextMapPropagator(prevProp)
 		otel.SetErrorHandler(prevErr)
+		// The command's log is done with; the SDK's default logger would
+		// print unredacted.
+		otel.SetLogger(logr.Discard())
 	}
 	// Flush when the command's run returns, whether it failed or not
 	// (cobra runs PostRun hooks only after a success).
