@@ -53,6 +53,19 @@ type Config struct {
 	// Publication is the publication of the outbox's inserts. Defaults to
 	// DefaultName(Tables).
 	Publication string
+	// Messages makes the relayer publish the events of producers in
+	// outbox.ModeMessage: transactional logical messages with the
+	// outbox's prefix (MessagePrefix). Postgres lets PUBLIC execute
+	// pg_logical_emit_message, so that any role could write such a
+	// message; with Messages on, Run refuses to start (ErrMessagesOpen)
+	// while PUBLIC, or a role that may not insert into the outbox table,
+	// can execute it: revoke it from PUBLIC and grant it to the
+	// producers' role (SecureMessages does the revoke). Off, a message
+	// with the outbox's prefix is no event: it is dropped, logged and
+	// counted (Stats.Dropped). A non-transactional message is never an
+	// event, nor is one whose transaction did not commit. Defaults to
+	// false.
+	Messages bool
 	// SkipSetup makes Run use the slot and publication as they are instead
 	// of creating them when missing (Setup). Defaults to false.
 	SkipSetup bool

@@ -54,7 +54,8 @@ type Stats struct {
 	// decode: moved to the parked table, the stream went on.
 	Parked int64
 	// Dropped logical messages with the outbox's prefix that were not
-	// events (no id), and events that could be neither published nor
+	// events (non-transactional, message-mode events off, no id), and
+	// events that could be neither published nor
 	// parked (the parked table refused them with a data error, SQLSTATE
 	// class 22): logged, not published, not parked.
 	Dropped int64
@@ -118,8 +119,10 @@ func (r *Relayer) Lag() time.Duration {
 // (within ShutdownTimeout), acknowledges it and returns nil. It stands by
 // until it holds the slot's leader lock, then streams. It returns an error
 // when it cannot start (schema out of date, wal_level not logical) or must
-// not go on: the slot was invalidated or disappeared (ErrSlotLost) or a
-// process other than a relayer reads it (ErrSlotBusy). Database and
+// not go on: the slot was invalidated or disappeared (ErrSlotLost), a
+// process other than a relayer reads it (ErrSlotBusy), or Messages is on
+// while roles other than the producers can write messages
+// (ErrMessagesOpen). Database and
 // broker outages, the loss of the leader's session and a previous
 // leader's stream still holding the slot are ridden out: it steps down
 // and stands by again.
@@ -140,6 +143,14 @@ func (r *Relayer) Run(ctx context.Context) error {
 			return nil
 		}
 		return err
+	}
+	if r.cfg.Messages {
+		if err := CheckMessages(ctx, r.cfg.Pool, r.cfg.Tables); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 	}
 	r.log.Info("wal relay started; waiting to lead", "publication", r.cfg.Publication, "batch_size", r.cfg.BatchSize, "heartbeat_interval", r.cfg.HeartbeatInterval)
 	defer r.log.Info("wal relay stopped")
@@ -165,7 +176,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) {
+		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) || errors.Is(err, ErrMessagesOpen) {
 			return err
 		}
 		// A step-down is not a failed batch: settle counts those. Waiting
@@ -253,6 +264,13 @@ func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
 	r.log.Info("wal relay took the leader lock")
 	if !r.cfg.SkipSetup {
 		if err := Setup(ctx, lock, r.cfg.Tables, r.cfg.Slot, r.cfg.Publication); err != nil {
+			return err
+		}
+	}
+	// Checked again on each takeover: a standby may have waited long
+	// since Run checked.
+	if r.cfg.Messages {
+		if err := CheckMessages(ctx, lock, r.cfg.Tables); err != nil {
 			return err
 		}
 	}

@@ -52,6 +52,7 @@ const streamHolderSQL = `SELECT coalesce((SELECT application_name FROM pg_stat_a
 
 var _ = sqltext.Register("walrelay", map[string]string{
 	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
+	"emitMessageACLSQL": emitMessageACLSQL, "emitMessageFuncsSQL": emitMessageFuncsSQL,
 })
 
 func render(sql string, t outbox.Tables) string {
