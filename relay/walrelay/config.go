@@ -130,7 +130,11 @@ type Config struct {
 	// Defaults to relay.DefaultShutdownTimeout (30s).
 	ShutdownTimeout time.Duration
 	// BackoffMin and BackoffMax bound the backoff after a failure: the
-	// broker or the database unreachable. Default to DefaultBackoffMin
+	// broker or the database unreachable. It doubles over the failures in
+	// a row and starts over after a success (a lead that moved the slot,
+	// a try that found the database up and another relayer leading), so
+	// that a relayer is back within about BackoffMin of an outage's end
+	// plus the last wait of that outage. Default to DefaultBackoffMin
 	// (100ms) and DefaultBackoffMax (30s).
 	BackoffMin, BackoffMax time.Duration
 	// Name tells this relayer's sessions apart in pg_stat_activity

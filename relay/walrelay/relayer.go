@@ -38,7 +38,10 @@ type Relayer struct {
 	leading                                                        atomic.Bool
 	published, parked, dropped, batches, heartbeats, failedBatches atomic.Int64
 	acked                                                          atomic.Uint64
-	queuedBytesMax                                                 atomic.Int64
+	// progress counts the moves of the acknowledged position: a lead
+	// that moved it is a success, which resets the backoff.
+	progress       atomic.Int64
+	queuedBytesMax atomic.Int64
 	// oldestUnacked is the commit time (Unix ns) of the oldest transaction
 	// read and not yet acknowledged; 0 when none.
 	oldestUnacked atomic.Int64
@@ -154,24 +157,23 @@ func (r *Relayer) Run(ctx context.Context) error {
 	}
 	r.log.Info("wal relay started; waiting to lead", "publication", r.cfg.Publication, "batch_size", r.cfg.BatchSize, "heartbeat_interval", r.cfg.HeartbeatInterval)
 	defer r.log.Info("wal relay stopped")
-	failures := 0
+	bo := leaderBackoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax}
 	for ctx.Err() == nil {
 		lock, err := r.takeLead(ctx)
 		if err == nil && lock == nil {
+			bo.standby()
 			if !backoff.Sleep(ctx, r.cfg.LeaderPollInterval) {
 				return nil
 			}
 			continue
 		}
 		if err == nil {
-			start := time.Now()
+			progress := r.progress.Load()
 			err = r.lead(ctx, lock)
 			lock.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing releases the lock either way
 			r.leading.Store(false)
 			r.oldestUnacked.Store(0)
-			if time.Since(start) > time.Minute {
-				failures = 0
-			}
+			bo.led(r.progress.Load() != progress)
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -187,9 +189,9 @@ func (r *Relayer) Run(ctx context.Context) error {
 			d = r.cfg.LeaderPollInterval
 			r.log.Info("wal relay stepped down: the slot is still read by a relayer's stream (a previous leader's, not ended yet); standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
 		} else {
-			failures++
-			d = backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
-			r.log.Warn("wal relay stepped down; standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+			var attempt int
+			attempt, d = bo.failed()
+			r.log.Warn("wal relay stepped down; standing by again", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
 		}
 		if !backoff.Sleep(ctx, d) {
 			return nil

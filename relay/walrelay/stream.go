@@ -468,6 +468,7 @@ func (r *Relayer) advance(s *streamState, lsn pglogrepl.LSN) {
 	if lsn > s.acked {
 		s.acked = lsn
 		r.acked.Store(uint64(lsn))
+		r.progress.Add(1)
 	}
 	k := 0
 	for k < len(s.pending) && s.pending[k].lsn <= s.acked {
