@@ -199,7 +199,7 @@ type walRelay struct {
 // setupSlot creates the env's publication and slot: events committed from
 // now on are in it.
 func (e *env) setupSlot(ctx context.Context) (string, error) {
-	slot := walrelay.DefaultName(e.tables)
+	slot := walrelay.DefaultNameOf(e.pool, e.tables)
 	if err := walrelay.Setup(ctx, e.pool, e.tables, slot, slot); err != nil {
 		return "", err
 	}

@@ -29,7 +29,7 @@ type walOptions struct {
 }
 
 func (w *walOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&w.slot, "slot", "", "--mode wal: the logical replication slot to read (default outbox_<table>, outbox_<schema>_<table> outside public)")
+	f.StringVar(&w.slot, "slot", "", "--mode wal: the logical replication slot to read (default outbox_<database>_<table>_<hash>, outbox_<database>_<schema>_<table>_<hash> outside public; an earlier version's outbox_<table> when the outbox's slot has that name)")
 	f.StringVar(&w.publication, "publication", "", "--mode wal: the publication of the outbox's inserts (default: the slot's default name)")
 	f.BoolVar(&w.teardown, "teardown", false, "--mode wal: drop the slot and the publication, then exit (stop the relayers first)")
 	f.BoolVar(&w.setupOnly, "setup-only", false, "--mode wal: create the publication and the slot as the relay does at start, print them, and exit (moving from polling: see 'outbox switch to-wal')")
@@ -81,15 +81,18 @@ func (w *walOptions) oneAction() error {
 	return nil
 }
 
-func (w *walOptions) names(t outbox.Tables) (slot, publication string) {
-	slot, publication = w.slot, w.publication
-	if slot == "" {
-		slot = walrelay.DefaultName(t)
+// names resolves --slot and --publication (walrelay.Names): an outbox
+// whose slot has the default name of an earlier version keeps it, with a
+// log line.
+func (w *walOptions) names(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables, log *slog.Logger) (slot, publication string, err error) {
+	slot, publication, legacy, err := walrelay.Names(ctx, pool, t, w.slot, w.publication)
+	if err != nil {
+		return "", "", err
 	}
-	if publication == "" {
-		publication = walrelay.DefaultName(t)
+	if legacy {
+		log.Info("using the outbox's slot and publication under the default name of an earlier version; pass --slot and --publication to say so, or to choose others", "slot", slot, "publication", publication)
 	}
-	return slot, publication
+	return slot, publication, nil
 }
 
 // runWALTeardown drops the slot and the publication.
@@ -103,7 +106,10 @@ func runWALTeardown(ctx context.Context, g *globals, o *relayOptions, log *slog.
 		return err
 	}
 	defer pool.Close()
-	slot, pub := o.wal.names(t)
+	slot, pub, err := o.wal.names(ctx, pool, t, log)
+	if err != nil {
+		return err
+	}
 	if err := walrelay.Teardown(ctx, pool, slot, pub); err != nil {
 		return err
 	}
@@ -173,9 +179,12 @@ func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, clien
 	if err := checkSchema(ctx, pool, t); err != nil {
 		return err
 	}
+	var err error
 	cfg := o.wal.cfg
 	cfg.Pool, cfg.Publisher, cfg.Tables, cfg.Logger = pool, pub, t, log
-	cfg.Slot, cfg.Publication = o.wal.names(t)
+	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, pool, t, log); err != nil {
+		return err
+	}
 	cfg.TopicPrefix = o.cfg.TopicPrefix
 	cfg.BatchSize = o.cfg.BatchSize
 	cfg.MaxBatchBytes = o.cfg.MaxBatchBytes

@@ -48,10 +48,15 @@ type Config struct {
 	// as for the polling relay. Defaults to "".
 	TopicPrefix string
 	// Slot is the logical replication slot to read. Defaults to
-	// DefaultName(Tables).
+	// DefaultName of the pool's database and Tables. When both Slot and
+	// Publication are left to their defaults and this database has the
+	// outbox's slot only under the default name of earlier versions, Run
+	// fails with ErrLegacySlot naming it (Names resolves it, as the CLI
+	// does): a new slot would skip what is pending in the old one.
 	Slot string
-	// Publication is the publication of the outbox's inserts. Defaults to
-	// DefaultName(Tables).
+	// Publication is the publication of the outbox's inserts: Run refuses
+	// one that does not publish exactly Tables' outbox (ErrNotThisOutbox).
+	// Defaults to DefaultName of the pool's database and Tables.
 	Publication string
 	// Messages makes the relayer publish the events of producers in
 	// outbox.ModeMessage: transactional logical messages with the
@@ -142,6 +147,8 @@ type Config struct {
 	Name string
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	defaultNames bool // Slot and Publication were both left empty
 }
 
 func (cfg *Config) applyDefaults() error {
@@ -160,11 +167,12 @@ func (cfg *Config) applyDefaults() error {
 			return fmt.Errorf("walrelay: topic prefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
 		}
 	}
+	cfg.defaultNames = cfg.Slot == "" && cfg.Publication == ""
 	if cfg.Slot == "" {
-		cfg.Slot = DefaultName(cfg.Tables)
+		cfg.Slot = DefaultNameOf(cfg.Pool, cfg.Tables)
 	}
 	if cfg.Publication == "" {
-		cfg.Publication = DefaultName(cfg.Tables)
+		cfg.Publication = DefaultNameOf(cfg.Pool, cfg.Tables)
 	}
 	if err := validNames(cfg.Slot, cfg.Publication); err != nil {
 		return err

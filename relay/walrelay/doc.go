@@ -117,8 +117,12 @@
 // # Safety
 //
 // Run fails with one line saying what to do when wal_level is not logical
-// (ErrWALLevel), when the slot was invalidated (ErrSlotLost), or when
-// another process reads the slot (ErrSlotBusy); it warns at start when
+// (ErrWALLevel), when the slot was invalidated (ErrSlotLost), when
+// another process reads the slot (ErrSlotBusy), when the slot is another
+// database's or the publication does not publish exactly this outbox's
+// table (ErrNotThisOutbox, before anything is streamed), or when, left to
+// the defaults, the outbox's slot has an earlier version's default name
+// (ErrLegacySlot; Names resolves it); it warns at start when
 // max_slot_wal_keep_size is unlimited. Lag reads the slot's lag in bytes
 // from any session; Relayer.Lag is the leader's lag in time.
 package walrelay

@@ -100,7 +100,7 @@ func logicalOutbox(t testing.TB) (*pgtest.DB, string) {
 	t.Helper()
 	url := needLogical(t)
 	db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -239,5 +239,5 @@ func setupOn(t testing.TB, url string) *bundle {
 	t.Cleanup(b.Close)
 	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
 	require.NoError(t, err)
-	return &bundle{db: db, broker: b, producer: p, slot: walrelay.DefaultName(db.Tables)}
+	return &bundle{db: db, broker: b, producer: p, slot: walrelay.DefaultNameOf(db.Pool, db.Tables)}
 }

@@ -155,6 +155,18 @@ func (r *Relayer) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	if r.cfg.defaultNames {
+		old, err := legacySlot(ctx, r.cfg.Pool, r.cfg.Tables, r.cfg.Slot)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if old != "" {
+			return fmt.Errorf("%w: slot %s holds this outbox's position and there is no slot %s (this version's default): set Config.Slot and Config.Publication to %s (--slot %s --publication %s) to go on from it; a new slot would start at the current position and skip what is pending in the old one", ErrLegacySlot, old, r.cfg.Slot, old, old, old)
+		}
+	}
 	r.log.Info("wal relay started; waiting to lead", "publication", r.cfg.Publication, "batch_size", r.cfg.BatchSize, "heartbeat_interval", r.cfg.HeartbeatInterval)
 	defer r.log.Info("wal relay stopped")
 	bo := leaderBackoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax}
@@ -178,7 +190,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) || errors.Is(err, ErrMessagesOpen) {
+		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) || errors.Is(err, ErrMessagesOpen) || errors.Is(err, ErrNotThisOutbox) {
 			return err
 		}
 		// A step-down is not a failed batch: settle counts those. Waiting
@@ -276,6 +288,11 @@ func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
 			return err
 		}
 	}
+	// Before anything is streamed, so nothing is confirmed: a
+	// publication of another table streams nothing of this outbox.
+	if err := checkPublication(ctx, lock, r.cfg.Tables, r.cfg.Publication); err != nil {
+		return err
+	}
 	start, err := r.checkSlot(ctx, lock)
 	if err != nil {
 		return err
@@ -342,7 +359,10 @@ func (r *Relayer) checkSlot(ctx context.Context, db Querier) (pglogrepl.LSN, err
 		case status == "lost":
 			return 0, fmt.Errorf("%w: slot %s has wal_status=lost (it fell behind max_slot_wal_keep_size and the WAL it needed is gone; events after its position %s may be missing): drop it (outbox relay --mode wal --teardown), republish the gap from the table (outbox relay --mode poll) and start again", ErrSlotLost, r.cfg.Slot, confirmed)
 		case plugin != "pgoutput" || !sameDB:
-			return 0, fmt.Errorf("%w: slot %s is not a pgoutput slot of this database (plugin %s): choose another --slot", ErrSlotBusy, r.cfg.Slot, plugin)
+			if err := checkSlotHome(ctx, db, r.cfg.Slot); err != nil {
+				return 0, err
+			}
+			continue // changed meanwhile: read it again
 		case pid == nil:
 			lsn, err := pglogrepl.ParseLSN(confirmed)
 			if err != nil {
