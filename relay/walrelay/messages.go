@@ -59,7 +59,8 @@ func CheckMessages(ctx context.Context, db Querier, t outbox.Tables) error {
 }
 
 // SecureMessages revokes EXECUTE on every overload of
-// pg_logical_emit_message from PUBLIC, which Config.Messages requires, and
+// pg_logical_emit_message from PUBLIC in db's database (function
+// privileges are per database), which Config.Messages requires, and
 // returns the statements it ran. It needs a superuser (or the functions'
 // owner): otherwise it fails with the statements to run as one. The
 // producers' role, and the relay's (for its heartbeats) if it is not a
