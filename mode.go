@@ -38,6 +38,11 @@ const (
 	// Tables.MessagePrefix) that exists iff the transaction commits. Its
 	// id is drawn from the outbox's id sequence, so it is unique among
 	// rows' ids too. No table, index or vacuum is involved: only WAL.
+	// The WAL source publishes them only with message-mode events on
+	// (`outbox relay --mode wal --messages`, walrelay.Config.Messages),
+	// which takes pg_logical_emit_message revoked from PUBLIC (any role
+	// could write events otherwise) and granted to the producers' role,
+	// which also needs INSERT on the outbox table.
 	ModeMessage
 )
 

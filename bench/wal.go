@@ -199,7 +199,7 @@ type walRelay struct {
 // setupSlot creates the env's publication and slot: events committed from
 // now on are in it.
 func (e *env) setupSlot(ctx context.Context) (string, error) {
-	slot := walrelay.DefaultName(e.tables)
+	slot := walrelay.DefaultNameOf(e.pool, e.tables)
 	if err := walrelay.Setup(ctx, e.pool, e.tables, slot, slot); err != nil {
 		return "", err
 	}
@@ -228,6 +228,18 @@ func (e *env) teardownSlot(ctx context.Context, slot string) error {
 // wrap, if set, wraps its publisher.
 // linger is its Config.Linger (0: the default).
 func (e *env) startWAL(ctx context.Context, b *broker, prefix string, linger time.Duration, wrap func(relay.Publisher) relay.Publisher) (*walRelay, error) {
+	return e.startWALWith(ctx, b, prefix, linger, wrap, false)
+}
+
+// startWALWith is startWAL; messages turns on message-mode events
+// (walrelay.Config.Messages), first revoking pg_logical_emit_message from
+// PUBLIC (walrelay.SecureMessages), which that takes.
+func (e *env) startWALWith(ctx context.Context, b *broker, prefix string, linger time.Duration, wrap func(relay.Publisher) relay.Publisher, messages bool) (*walRelay, error) {
+	if messages {
+		if _, err := walrelay.SecureMessages(ctx, e.pool); err != nil {
+			return nil, err
+		}
+	}
 	pool, err := e.newPool(ctx, 4)
 	if err != nil {
 		return nil, err
@@ -241,7 +253,7 @@ func (e *env) startWAL(ctx context.Context, b *broker, prefix string, linger tim
 	if wrap != nil {
 		pub = wrap(pub)
 	}
-	r, err := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub, Tables: e.tables, TopicPrefix: prefix, SkipSetup: true, Linger: linger, Logger: e.s.cfg.Logger})
+	r, err := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub, Tables: e.tables, TopicPrefix: prefix, SkipSetup: true, Linger: linger, Messages: messages, Logger: e.s.cfg.Logger})
 	if err != nil {
 		client.Close()
 		pool.Close()

@@ -324,7 +324,7 @@ func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Dura
 		waitAfter = func(int64) error { _, err := g.waitFor(ctx, o.txs, drainTimeout(o.txs)); return err }
 		time.Sleep(300 * time.Millisecond) // the first (empty) poll, and LISTEN
 	case readWAL:
-		w, err := e.startWAL(ctx, b, prefix, 0, nil)
+		w, err := e.startWALWith(ctx, b, prefix, 0, nil, r.mode == "message")
 		if err != nil {
 			return o, err
 		}

@@ -178,7 +178,7 @@ func drainRecvlogical(ctx context.Context, s *session, e *env, recv, slot string
 		return drainResult{}, err
 	}
 	watch := e.watchWalsender(ctx, slot)
-	rl, err := startRecvlogical(ctx, recv, s.cfg.DatabaseURL, slot, walrelay.DefaultName(e.tables), lsnString(end))
+	rl, err := startRecvlogical(ctx, recv, s.cfg.DatabaseURL, slot, walrelay.DefaultNameOf(e.pool, e.tables), lsnString(end))
 	if err != nil {
 		watch.stop(ctx, e, slot)
 		return drainResult{}, err
@@ -203,7 +203,7 @@ func drainWAL(ctx context.Context, s *session, e *env, n int64) (d drainResult, 
 	}
 	defer b.close()
 	prefix := fmt.Sprintf("bench%s_%s_", e.id, randomID())
-	slot := walrelay.DefaultName(e.tables)
+	slot := walrelay.DefaultNameOf(e.pool, e.tables)
 	watch := e.watchWalsender(ctx, slot)
 	cpu0 := cputime.Self()
 	w, err := e.startWAL(ctx, b, prefix, 0, nil)

@@ -35,7 +35,7 @@ offsets, replays): a record redelivered after its dedupe row is deleted is
 applied twice. 0 leaves processed_events alone.
 
 An outbox relayed from the WAL ('outbox relay --mode wal') never marks rows
-dispatched. When its replication slot exists (outbox_<table> by default, or
+dispatched. When its replication slot exists (outbox_<database>_<table>_<hash> by default, or
 --slot), cleanup deletes rows older than --retention whatever their
 dispatched_at, but only rows committed before a WAL position the slot has
 confirmed (the broker has their events): it notes the position, waits up to
@@ -123,7 +123,7 @@ table is then where its missing events are republished from.`,
 	f.IntVar(&cfg.BatchSize, "batch-size", ops.DefaultCleanupBatch, "rows per delete statement (each its own transaction)")
 	deprecatedAlias(f, "batch-size", "batch")
 	durationVar(f, &cfg.Pause, "pause", ops.DefaultCleanupPause, "pause between batches")
-	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<table>; when it exists, rows the slot confirmed are deleted whatever their dispatched_at)")
+	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<database>_<table>_<hash>; when it exists, rows the slot confirmed are deleted whatever their dispatched_at)")
 	durationVar(f, &cfg.WALConfirmWait, "confirm-wait", ops.DefaultWALConfirmWait, "WAL mode: how long to wait for the slot to confirm the position noted at the start")
 	f.BoolVar(&allowShort, allowShortRetentionFlag, false, "allow a --retention or --processed-retention under "+formatDays(minRetention))
 	return cmd

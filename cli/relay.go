@@ -53,7 +53,7 @@ exit 0. Database and broker outages are retried with backoff.
 --mode wal reads committed inserts from a logical replication slot instead
 (wal_level=logical; the role needs REPLICATION): no UPDATE per event, order
 by commit even for producers that take no lock. It creates the publication
-and the slot (--publication, --slot; default outbox_<table>) when missing;
+and the slot (--publication, --slot; default outbox_<database>_<table>_<hash>) when missing;
 --setup-only creates them, prints them and exits; --teardown drops them
 and exits ('outbox switch' moves an outbox between the two sources).
 Replicas elect one reader; the others take over within

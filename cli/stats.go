@@ -42,7 +42,7 @@ func newStatsCmd(g *globals) *cobra.Command {
 No query scans the whole table. --json prints the same for scripts.
 
 An outbox relayed from the WAL ('outbox relay --mode wal') never marks rows
-dispatched: when its replication slot exists (outbox_<table> by default,
+dispatched: when its replication slot exists (outbox_<database>_<table>_<hash> by default,
 or --slot), stats shows the slot instead of pending rows: its lag in bytes
 of WAL, wal_status (lost: events may be missing), whether a relay reads it,
 and how much WAL may still be written before it is lost.`,
@@ -96,7 +96,7 @@ and how much WAL may still be written before it is lost.`,
 	g.addDBFlags(cmd.Flags())
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON for scripts")
 	durationVar(cmd.Flags(), &stuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this count as stuck")
-	cmd.Flags().StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<table>; when it exists, the slot is shown instead of pending rows)")
+	cmd.Flags().StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<database>_<table>_<hash>; when it exists, the slot is shown instead of pending rows)")
 	return cmd
 }
 

@@ -46,7 +46,7 @@ type switchFlags struct {
 
 func (s *switchFlags) register(c *cobra.Command, timeout time.Duration, timeoutUsage, publicationUsage string) {
 	f := c.Flags()
-	f.StringVar(&s.slot, "slot", "", "the WAL source's replication slot (default outbox_<table>, outbox_<schema>_<table> outside public), as given to outbox relay --mode wal")
+	f.StringVar(&s.slot, "slot", "", "the WAL source's replication slot (default: the WAL relay's, outbox_<database>_<table>_<hash>), as given to outbox relay --mode wal")
 	f.StringVar(&s.publication, "publication", "", publicationUsage)
 	durationVar(f, &s.timeout, "timeout", timeout, timeoutUsage)
 	f.BoolVar(&s.asJSON, "json", false, "print JSON for scripts (the next steps included)")
@@ -189,6 +189,10 @@ row for a poller to read.`,
 				return err
 			}
 			defer pool.Close()
+			slot, err := ops.SlotName(c.Context(), pool, t, sf.slot)
+			if err != nil {
+				return err
+			}
 			res, err := ops.PrepareSwitchToPoll(c.Context(), pool, ops.SwitchToPollConfig{
 				Tables: t, Slot: sf.slot, Timeout: sf.timeout,
 				Progress: func(p ops.ConfirmProgress) {
@@ -196,7 +200,7 @@ row for a poller to read.`,
 					if p.InTransaction {
 						msg = "waiting for the slot to confirm the cut"
 					}
-					log.Info(msg, "slot", ops.SlotName(t, sf.slot), "target", p.Target, "confirmed", p.Confirmed, "reader_pid", p.ReaderPID, "elapsed", p.Elapsed.Round(time.Millisecond))
+					log.Info(msg, "slot", slot, "target", p.Target, "confirmed", p.Confirmed, "reader_pid", p.ReaderPID, "elapsed", p.Elapsed.Round(time.Millisecond))
 				},
 			})
 			if err != nil {

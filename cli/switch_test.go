@@ -84,7 +84,7 @@ func switchCluster(t *testing.T) string {
 func switchDB(t *testing.T, server string) (*pgtest.DB, string) {
 	t.Helper()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4, ServerURL: server})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()

@@ -15,7 +15,11 @@ import (
 // the one named by --slot (an error when it does not exist), else the WAL
 // relay's default name. found is false for a polled outbox.
 func walSlot(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables, flag string) (ops.WALSlot, bool, error) {
-	s, found, err := ops.ReadWALSlot(ctx, pool, ops.SlotName(t, flag))
+	slot, err := ops.SlotName(ctx, pool, t, flag)
+	if err != nil {
+		return ops.WALSlot{}, false, err
+	}
+	s, found, err := ops.ReadWALSlot(ctx, pool, slot)
 	if err != nil {
 		return s, false, err
 	}

@@ -30,7 +30,7 @@ func TestStatsAndWatchdogOnWALOutbox(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cluster.Stop() })
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4, ServerURL: cluster.URL()})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 	_, err = db.Pool.Exec(context.Background(), "INSERT INTO "+db.Tables.OutboxIdent()+" (aggregate_id, type, payload, created_at) VALUES (gen_random_uuid(), 'order.placed', '{}', now() - interval '1 hour')")
 	require.NoError(t, err)

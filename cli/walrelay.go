@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,10 +29,11 @@ type walOptions struct {
 }
 
 func (w *walOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&w.slot, "slot", "", "--mode wal: the logical replication slot to read (default outbox_<table>, outbox_<schema>_<table> outside public)")
+	f.StringVar(&w.slot, "slot", "", "--mode wal: the logical replication slot to read (default outbox_<database>_<table>_<hash>, outbox_<database>_<schema>_<table>_<hash> outside public; an earlier version's outbox_<table> when the outbox's slot has that name)")
 	f.StringVar(&w.publication, "publication", "", "--mode wal: the publication of the outbox's inserts (default: the slot's default name)")
 	f.BoolVar(&w.teardown, "teardown", false, "--mode wal: drop the slot and the publication, then exit (stop the relayers first)")
 	f.BoolVar(&w.setupOnly, "setup-only", false, "--mode wal: create the publication and the slot as the relay does at start, print them, and exit (moving from polling: see 'outbox switch to-wal')")
+	f.BoolVar(&w.cfg.Messages, "messages", false, "--mode wal: publish message-mode events (outbox.ModeMessage: transactional logical messages with the outbox's prefix); the relay refuses to start while PUBLIC, or a role that may not insert into the outbox, can execute pg_logical_emit_message (with --setup-only: revoke it from PUBLIC)")
 	durationVar(f, &w.cfg.HeartbeatInterval, "heartbeat-interval", walrelay.DefaultHeartbeatInterval, "--mode wal: how often the leader writes a heartbeat message so the slot advances while the outbox is idle")
 	f.Int64Var(&w.maxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "--mode wal: the watchdog job warns when the slot is further behind than this many bytes of WAL")
 	durationVar(f, &w.maxSlotInactive, "max-slot-inactive", ops.DefaultStuckAfter, "--mode wal: the watchdog job warns when the slot has had no reader for longer (PG 17+, which records since when)")
@@ -44,6 +46,9 @@ func (w *walOptions) register(f *pflag.FlagSet) {
 func (w *walOptions) onlyForWAL() error {
 	if w.slot != "" || w.publication != "" || w.teardown || w.setupOnly {
 		return errors.New("--slot, --publication, --teardown and --setup-only belong to --mode wal; add --mode wal, or drop them")
+	}
+	if w.cfg.Messages {
+		return errors.New("--messages belongs to --mode wal: the polling relay reads rows, never messages; add --mode wal, or drop it")
 	}
 	return nil
 }
@@ -76,15 +81,18 @@ func (w *walOptions) oneAction() error {
 	return nil
 }
 
-func (w *walOptions) names(t outbox.Tables) (slot, publication string) {
-	slot, publication = w.slot, w.publication
-	if slot == "" {
-		slot = walrelay.DefaultName(t)
+// names resolves --slot and --publication (walrelay.Names): an outbox
+// whose slot has the default name of an earlier version keeps it, with a
+// log line.
+func (w *walOptions) names(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables, log *slog.Logger) (slot, publication string, err error) {
+	slot, publication, legacy, err := walrelay.Names(ctx, pool, t, w.slot, w.publication)
+	if err != nil {
+		return "", "", err
 	}
-	if publication == "" {
-		publication = walrelay.DefaultName(t)
+	if legacy {
+		log.Info("using the outbox's slot and publication under the default name of an earlier version; pass --slot and --publication to say so, or to choose others", "slot", slot, "publication", publication)
 	}
-	return slot, publication
+	return slot, publication, nil
 }
 
 // runWALTeardown drops the slot and the publication.
@@ -98,7 +106,10 @@ func runWALTeardown(ctx context.Context, g *globals, o *relayOptions, log *slog.
 		return err
 	}
 	defer pool.Close()
-	slot, pub := o.wal.names(t)
+	slot, pub, err := o.wal.names(ctx, pool, t, log)
+	if err != nil {
+		return err
+	}
 	if err := walrelay.Teardown(ctx, pool, slot, pub); err != nil {
 		return err
 	}
@@ -121,6 +132,9 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 		return err
 	}
 	printWALSetup(g, t, s)
+	if o.wal.cfg.Messages {
+		printSecureMessages(ctx, g, pool, t)
+	}
 	if s.ReaderPID != 0 {
 		return nil // the WAL source runs: rows say nothing of what is pending
 	}
@@ -128,7 +142,11 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 	if err != nil {
 		return err
 	}
-	start := relayCommand(t, "--mode wal", o.wal.slot, o.wal.publication)
+	mode := "--mode wal"
+	if o.wal.cfg.Messages {
+		mode += " --messages"
+	}
+	start := relayCommand(t, mode, o.wal.slot, o.wal.publication)
 	if pending == 0 {
 		fmt.Fprintf(g.stdout, "no row up to id %d (the cut) is pending: nothing older than the slot waits for a polling relayer; stop any polling relayer (SIGTERM), then start %s\n", cut, start)
 	} else {
@@ -138,14 +156,35 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 	return nil
 }
 
+// printSecureMessages revokes pg_logical_emit_message from PUBLIC, as
+// --messages requires, or prints what to run as a superuser; then says
+// whether the relay with --messages would start.
+func printSecureMessages(ctx context.Context, g *globals, pool *pgxpool.Pool, t outbox.Tables) {
+	stmts, err := walrelay.SecureMessages(ctx, pool)
+	if err != nil {
+		fmt.Fprintf(g.stdout, "message-mode events: not secured: %v\n", err)
+		return
+	}
+	fmt.Fprintf(g.stdout, "message-mode events: ran %s\n", strings.Join(stmts, " "))
+	if grant, err := walrelay.GrantMessagesSQL(ctx, pool, "<role>"); err == nil {
+		fmt.Fprintf(g.stdout, "grant it back to the producers' role (and to the relay's, for its heartbeats, unless it is a superuser): %s\n", grant)
+	}
+	if err := walrelay.CheckMessages(ctx, pool, t); err != nil {
+		fmt.Fprintf(g.stdout, "the relay with --messages would refuse to start: %v\n", err)
+	}
+}
+
 // runWALRelay runs the WAL source until ctx is cancelled.
 func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, client *kgo.Client, pub relay.Publisher, t outbox.Tables, log *slog.Logger) error {
 	if err := checkSchema(ctx, pool, t); err != nil {
 		return err
 	}
+	var err error
 	cfg := o.wal.cfg
 	cfg.Pool, cfg.Publisher, cfg.Tables, cfg.Logger = pool, pub, t, log
-	cfg.Slot, cfg.Publication = o.wal.names(t)
+	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, pool, t, log); err != nil {
+		return err
+	}
 	cfg.TopicPrefix = o.cfg.TopicPrefix
 	cfg.BatchSize = o.cfg.BatchSize
 	cfg.MaxBatchBytes = o.cfg.MaxBatchBytes

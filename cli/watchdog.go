@@ -48,7 +48,7 @@ with neither was never refused by a relayer: check that one is running
 ('outbox stats' shows the dispatch rate) and its logs.
 
 An outbox relayed from the WAL ('outbox relay --mode wal') never marks rows
-dispatched, so when its replication slot exists (outbox_<table> by default,
+dispatched, so when its replication slot exists (outbox_<database>_<table>_<hash> by default,
 or --slot) the watchdog checks the slot instead: unhealthy when it is more
 than --max-slot-lag-bytes behind, when its wal_status is lost (events may
 be missing) or unreserved (about to be lost), or when it has had no reader
@@ -105,7 +105,7 @@ that stays away while the database writes).`,
 	durationVar(f, &cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: the oldest pending row must be younger than this")
 	f.IntVar(&cfg.Limit, "limit", ops.DefaultStuckLimit, "list at most this many stuck rows (all are counted)")
 	f.BoolVar(&asJSON, "json", false, "print JSON for scripts")
-	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<table>; when it exists, the slot is checked instead of pending rows)")
+	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<database>_<table>_<hash>; when it exists, the slot is checked instead of pending rows)")
 	f.Int64Var(&wal.MaxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "WAL mode: unhealthy when the slot is further behind than this many bytes")
 	durationVar(f, &wal.MaxInactive, "max-slot-inactive", ops.DefaultStuckAfter, "WAL mode: unhealthy when the slot has had no reader for longer (PG 17+)")
 	return cmd

@@ -79,7 +79,7 @@ func walSetup(t *testing.T) *walBundle {
 	b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	t.Cleanup(func() {
 		// The relayer processes are killed by now (cleanups run in
 		// reverse); their walsenders may take a moment to go.

@@ -104,7 +104,7 @@ type WALSetup struct {
 // the publication once the slot exists, so a later relay --mode wal takes
 // the slot as its own), and reports what it created and where the slot
 // starts. It is idempotent. Empty slot and publication names mean the WAL
-// relay's defaults (walrelay.DefaultName). The role needs REPLICATION and
+// relay's defaults (walrelay.Names). The role needs REPLICATION and
 // must own the publication; the server needs wal_level=logical.
 //
 // Creating a slot waits for the transactions open at that moment to end.
@@ -116,7 +116,11 @@ func SetupWAL(ctx context.Context, db walrelay.Querier, tables outbox.Tables, sl
 	}
 	tables = tables.WithDefaults()
 	// The publication's default name is the slot's.
-	s := WALSetup{Slot: SlotName(tables, slot), Publication: SlotName(tables, publication)}
+	var s WALSetup
+	var err error
+	if s.Slot, s.Publication, _, err = walrelay.Names(ctx, db, tables, slot, publication); err != nil {
+		return s, err
+	}
 	var pubExists, slotExists bool
 	if err := db.QueryRow(ctx, switchSetupStateSQL, s.Publication, s.Slot).Scan(&pubExists, &slotExists); err != nil {
 		return s, fmt.Errorf("ops: look up publication %s and slot %s: %w", s.Publication, s.Slot, err)
@@ -160,7 +164,7 @@ type SwitchToWALConfig struct {
 	// Tables names the outbox. Defaults to public.events_outbox.
 	Tables outbox.Tables
 	// Slot and Publication name what the WAL source reads. Default to
-	// walrelay.DefaultName(Tables), as for `outbox relay --mode wal`.
+	// the WAL relay's (walrelay.Names), as for `outbox relay --mode wal`.
 	Slot, Publication string
 	// Timeout bounds the wait for the polling relayers. Defaults to
 	// DefaultSwitchToWALTimeout (5m).
@@ -206,7 +210,6 @@ func (c SwitchToWALConfig) withDefaults() (SwitchToWALConfig, error) {
 		return c, err
 	}
 	c.Tables = c.Tables.WithDefaults()
-	c.Slot, c.Publication = SlotName(c.Tables, c.Slot), SlotName(c.Tables, c.Publication) // one default name for both
 	if err := applyDurationDefaults("SwitchToWALConfig", []durationDefault{
 		{"Timeout", &c.Timeout, DefaultSwitchToWALTimeout},
 		{"PollInterval", &c.PollInterval, DefaultSwitchPollInterval},
@@ -244,6 +247,9 @@ func PrepareSwitchToWAL(ctx context.Context, pool *pgxpool.Pool, cfg SwitchToWAL
 	var res SwitchToWALResult
 	cfg, err := cfg.withDefaults()
 	if err != nil {
+		return res, err
+	}
+	if cfg.Slot, cfg.Publication, _, err = walrelay.Names(ctx, pool, cfg.Tables, cfg.Slot, cfg.Publication); err != nil {
 		return res, err
 	}
 	st, found, err := readSlotState(ctx, pool, cfg.Slot, "")
@@ -372,7 +378,8 @@ func readHeldUpTo(ctx context.Context, db Queryer, tables outbox.Tables, cut int
 type SwitchToPollConfig struct {
 	// Tables names the outbox. Defaults to public.events_outbox.
 	Tables outbox.Tables
-	// Slot is the WAL source's slot. Defaults to walrelay.DefaultName(Tables).
+	// Slot is the WAL source's slot. Defaults to the WAL relay's
+	// (walrelay.Names).
 	Slot string
 	// Timeout bounds the whole call. Defaults to
 	// DefaultSwitchToPollTimeout (2m).
@@ -429,7 +436,6 @@ func (c SwitchToPollConfig) withDefaults() (SwitchToPollConfig, error) {
 		return c, err
 	}
 	c.Tables = c.Tables.WithDefaults()
-	c.Slot = SlotName(c.Tables, c.Slot)
 	err := applyDurationDefaults("SwitchToPollConfig", []durationDefault{
 		{"Timeout", &c.Timeout, DefaultSwitchToPollTimeout},
 		{"ReaderGrace", &c.ReaderGrace, DefaultReaderGrace},
@@ -476,12 +482,15 @@ func PrepareSwitchToPoll(ctx context.Context, pool *pgxpool.Pool, cfg SwitchToPo
 	if err != nil {
 		return res, err
 	}
-	res.Slot = cfg.Slot
 	if pool.Config().MaxConns < 2 {
 		// The transaction holds one connection while the slot is read on
 		// another.
 		return res, fmt.Errorf("ops: PrepareSwitchToPoll needs a pool of at least 2 connections; this one has MaxConns %d", pool.Config().MaxConns)
 	}
+	if cfg.Slot, err = SlotName(ctx, pool, cfg.Tables, cfg.Slot); err != nil {
+		return res, err
+	}
+	res.Slot = cfg.Slot
 	start := time.Now()
 	w := &slotWaiter{pool: pool, cfg: cfg, start: start, deadline: start.Add(cfg.Timeout)}
 	// Catch up outside the transaction, so that the snapshot is held for

@@ -50,7 +50,7 @@ func ExamplePrepareSwitchToPoll() {
 	}
 	log.Printf("marked %d rows published before %s", res.Marked, res.Cut)
 	// Now stop the WAL relayers; once they are gone, drop the slot and
-	// the publication (both named outbox_events_outbox by default), then
+	// the publication (both named by walrelay.DefaultName by default), then
 	// start the polling relayers.
 	if err := walrelay.Teardown(ctx, pool, res.Slot, res.Slot); err != nil {
 		log.Fatal(err)

@@ -31,7 +31,7 @@ import (
 func switchSetup(t *testing.T) (*bundle, string) {
 	t.Helper()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: needLogical(t, "the switch tests")})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	t.Cleanup(func() {
 		// The relayers stopped by now (cleanups run in reverse); their
 		// walsenders may take a moment to go.
@@ -84,7 +84,7 @@ func (b *bundle) runWAL(t *testing.T, pub relay.Publisher, mod func(*walrelay.Co
 	r, err := walrelay.New(cfg)
 	require.NoError(t, err)
 	stop = start(t, func(ctx context.Context) { require.NoError(t, r.Run(ctx)) })
-	slot := walrelay.DefaultName(b.db.Tables)
+	slot := walrelay.DefaultNameOf(b.db.Pool, b.db.Tables)
 	require.Eventually(t, func() bool {
 		s, found, err := ops.ReadWALSlot(context.Background(), b.db.Pool, slot)
 		return err == nil && found && s.Active && s.ConfirmedFlushLSN != "0/0"

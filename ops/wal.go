@@ -58,12 +58,11 @@ type WALSlot struct {
 }
 
 // SlotName is the slot of an outbox: slot when given, else the WAL
-// relay's default (walrelay.DefaultName).
-func SlotName(t outbox.Tables, slot string) string {
-	if slot != "" {
-		return slot
-	}
-	return walrelay.DefaultName(t)
+// relay's default for the session's database (walrelay.Names: the
+// default of earlier versions when the outbox's slot has that name).
+func SlotName(ctx context.Context, db walrelay.Querier, t outbox.Tables, slot string) (string, error) {
+	s, _, _, err := walrelay.Names(ctx, db, t, slot, slot)
+	return s, err
 }
 
 // ReadWALSlot reads the slot; found is false when this database has no

@@ -66,7 +66,7 @@ func needLogical(t *testing.T, what string) string {
 func walSetup(t *testing.T) (*pgtest.DB, string) {
 	t.Helper()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: needLogical(t, "the WAL-mode operations tests")})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 	t.Cleanup(func() { _ = walrelay.Teardown(context.Background(), db.Pool, slot, slot) })
 	return db, slot

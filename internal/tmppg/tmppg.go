@@ -30,6 +30,7 @@ type Cluster struct {
 	cred   *syscall.Credential
 	port   int
 	dbUser string
+	opts   string // the server options pg_ctl start was given
 }
 
 // Available reports whether initdb and pg_ctl are on the PATH.
@@ -119,11 +120,35 @@ func StartWith(ctx context.Context, o Options) (*Cluster, error) {
 		}
 		opts += fmt.Sprintf(" -c %s=%s", k, v)
 	}
-	if out, err := c.run(ctx, pgctl, "-D", data, "-o", opts, "-l", filepath.Join(c.dir, "log"), "-w", "-t", "30", "start"); err != nil {
+	c.opts = opts
+	if err := c.start(ctx); err != nil {
 		c.cleanup()
-		return nil, fmt.Errorf("tmppg: pg_ctl start: %w: %s", err, out)
+		return nil, err
 	}
 	return c, nil
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	if out, err := c.run(ctx, c.pgctl, "-D", filepath.Join(c.dir, "data"), "-o", c.opts, "-l", filepath.Join(c.dir, "log"), "-w", "-t", "30", "start"); err != nil {
+		return fmt.Errorf("tmppg: pg_ctl start: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Restart stops the server as a crash would (pg_ctl stop -m immediate:
+// every session ends at once, nothing is checkpointed), keeps it down for
+// down, and starts it again on the same port and data, for tests of
+// outages. It returns once the server accepts connections.
+func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
+	if out, err := c.run(ctx, c.pgctl, "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "-w", "stop"); err != nil {
+		return fmt.Errorf("tmppg: pg_ctl stop: %w: %s", err, out)
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(down):
+	}
+	return c.start(ctx)
 }
 
 // URL connects to the cluster's postgres database.

@@ -41,7 +41,7 @@ func BenchmarkDrainBacklog(b *testing.B) {
 	for range b.N {
 		// WAL source
 		db := pgtest.New(b, pgtest.Options{MaxConns: 8, ServerURL: url})
-		slot := walrelay.DefaultName(db.Tables)
+		slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 		require.NoError(b, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 		fill(db)
 		r, err := walrelay.New(walrelay.Config{Pool: db.Pool, Publisher: newPub(), Tables: db.Tables})

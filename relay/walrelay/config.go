@@ -48,11 +48,29 @@ type Config struct {
 	// as for the polling relay. Defaults to "".
 	TopicPrefix string
 	// Slot is the logical replication slot to read. Defaults to
-	// DefaultName(Tables).
+	// DefaultName of the pool's database and Tables. When both Slot and
+	// Publication are left to their defaults and this database has the
+	// outbox's slot only under the default name of earlier versions, Run
+	// fails with ErrLegacySlot naming it (Names resolves it, as the CLI
+	// does): a new slot would skip what is pending in the old one.
 	Slot string
-	// Publication is the publication of the outbox's inserts. Defaults to
-	// DefaultName(Tables).
+	// Publication is the publication of the outbox's inserts: Run refuses
+	// one that does not publish exactly Tables' outbox (ErrNotThisOutbox).
+	// Defaults to DefaultName of the pool's database and Tables.
 	Publication string
+	// Messages makes the relayer publish the events of producers in
+	// outbox.ModeMessage: transactional logical messages with the
+	// outbox's prefix (MessagePrefix). Postgres lets PUBLIC execute
+	// pg_logical_emit_message, so that any role could write such a
+	// message; with Messages on, Run refuses to start (ErrMessagesOpen)
+	// while PUBLIC, or a role that may not insert into the outbox table,
+	// can execute it: revoke it from PUBLIC and grant it to the
+	// producers' role (SecureMessages does the revoke). Off, a message
+	// with the outbox's prefix is no event: it is dropped, logged and
+	// counted (Stats.Dropped). A non-transactional message is never an
+	// event, nor is one whose transaction did not commit. Defaults to
+	// false.
+	Messages bool
 	// SkipSetup makes Run use the slot and publication as they are instead
 	// of creating them when missing (Setup). Defaults to false.
 	SkipSetup bool
@@ -117,7 +135,11 @@ type Config struct {
 	// Defaults to relay.DefaultShutdownTimeout (30s).
 	ShutdownTimeout time.Duration
 	// BackoffMin and BackoffMax bound the backoff after a failure: the
-	// broker or the database unreachable. Default to DefaultBackoffMin
+	// broker or the database unreachable. It doubles over the failures in
+	// a row and starts over after a success (a lead that moved the slot,
+	// a try that found the database up and another relayer leading), so
+	// that a relayer is back within about BackoffMin of an outage's end
+	// plus the last wait of that outage. Default to DefaultBackoffMin
 	// (100ms) and DefaultBackoffMax (30s).
 	BackoffMin, BackoffMax time.Duration
 	// Name tells this relayer's sessions apart in pg_stat_activity
@@ -125,6 +147,8 @@ type Config struct {
 	Name string
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	defaultNames bool // Slot and Publication were both left empty
 }
 
 func (cfg *Config) applyDefaults() error {
@@ -143,11 +167,12 @@ func (cfg *Config) applyDefaults() error {
 			return fmt.Errorf("walrelay: topic prefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
 		}
 	}
+	cfg.defaultNames = cfg.Slot == "" && cfg.Publication == ""
 	if cfg.Slot == "" {
-		cfg.Slot = DefaultName(cfg.Tables)
+		cfg.Slot = DefaultNameOf(cfg.Pool, cfg.Tables)
 	}
 	if cfg.Publication == "" {
-		cfg.Publication = DefaultName(cfg.Tables)
+		cfg.Publication = DefaultNameOf(cfg.Pool, cfg.Tables)
 	}
 	if err := validNames(cfg.Slot, cfg.Publication); err != nil {
 		return err

@@ -86,7 +86,7 @@ func slotInserts(t *testing.T, db *pgtest.DB) []int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	for {
 		ids, err := peekInserts(ctx, db, slot)
 		var pgErr *pgconn.PgError

@@ -19,8 +19,10 @@ import (
 // the outbox t (the emit mode without a table): "outbox:<schema>.<table>".
 //
 // The message must be transactional (pg_logical_emit_message's first
-// argument true), so that it exists iff the caller's transaction commits,
-// and its content is one JSON object:
+// argument true), so that it exists iff the caller's transaction commits
+// (a non-transactional one is dropped), the relayer must accept
+// message-mode events (Config.Messages), and its content is one JSON
+// object:
 //
 //	{"id": 42, "aggregate_id": "6ba7b810-...", "type": "order.placed",
 //	 "payload": {...}, "headers": {"trace": "..."}}
@@ -36,7 +38,9 @@ import (
 //	    'aggregate_id', $1::uuid, 'type', $2::text, 'payload', $3::jsonb,
 //	    'headers', $4::jsonb)::text);
 //
-// The payload is published as the JSON text of its field. A Producer
+// The payload is published as the JSON text of its field. The producers'
+// role needs EXECUTE on pg_logical_emit_message (revoked from PUBLIC:
+// SecureMessages) and INSERT on the outbox table. A Producer
 // with outbox.ModeMessage writes exactly this; the SQL above is for other
 // producers. It is t.MessagePrefix().
 func MessagePrefix(t outbox.Tables) string { return t.MessagePrefix() }

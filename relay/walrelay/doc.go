@@ -62,7 +62,8 @@
 //     delete is not published.
 //   - outbox.ModeMessage, a transactional logical message (MessagePrefix
 //     documents the format, for producers outside Go): no table row at
-//     all; the event's id comes from the outbox's sequence.
+//     all; the event's id comes from the outbox's sequence. Published
+//     only with Config.Messages on (see Trust).
 //
 // The last two leave nothing for the polling relay, nor for a gap to be
 // republished from if the slot is lost.
@@ -99,11 +100,29 @@
 // read by the old leader's stream (application_name "outbox-wal stream")
 // steps down and tries again until the server has ended it.
 //
+// # Trust
+//
+// Only what the producers' role commits becomes an event. Any role that
+// can execute pg_logical_emit_message can write a message with any
+// prefix, and Postgres grants it to PUBLIC; so messages with the
+// outbox's prefix are events only with Config.Messages on, and then Run
+// refuses to start (ErrMessagesOpen, saying what to run) while PUBLIC or
+// a login role that may not insert into the outbox can execute it
+// (CheckMessages; SecureMessages revokes it from PUBLIC). A
+// non-transactional message is never an event (it is written whether or
+// not its transaction commits), nor one whose transaction rolled back
+// (pgoutput never sends it). Messages that are no event are dropped,
+// logged and counted (Stats.Dropped).
+//
 // # Safety
 //
 // Run fails with one line saying what to do when wal_level is not logical
-// (ErrWALLevel), when the slot was invalidated (ErrSlotLost), or when
-// another process reads the slot (ErrSlotBusy); it warns at start when
+// (ErrWALLevel), when the slot was invalidated (ErrSlotLost), when
+// another process reads the slot (ErrSlotBusy), when the slot is another
+// database's or the publication does not publish exactly this outbox's
+// table (ErrNotThisOutbox, before anything is streamed), or when, left to
+// the defaults, the outbox's slot has an earlier version's default name
+// (ErrLegacySlot; Names resolves it); it warns at start when
 // max_slot_wal_keep_size is unlimited. Lag reads the slot's lag in bytes
 // from any session; Relayer.Lag is the leader's lag in time.
 package walrelay

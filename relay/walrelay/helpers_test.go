@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -36,6 +37,12 @@ func TestMain(m *testing.M) {
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		logical, logicalErr = tmppg.Logical(ctx, 30, map[string]string{"max_connections": "150"})
+		if logicalErr == nil {
+			// As a deployment with message-mode producers must
+			// (Config.Messages): only superusers, here the tests' role,
+			// may write logical messages.
+			logicalErr = secureMessages(ctx, logical.URL())
+		}
 		cancel()
 	}
 	code := m.Run()
@@ -43,6 +50,16 @@ func TestMain(m *testing.M) {
 		_ = logical.Stop()
 	}
 	os.Exit(code)
+}
+
+func secureMessages(ctx context.Context, url string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx) //nolint:errcheck // test setup
+	_, err = walrelay.SecureMessages(ctx, conn)
+	return err
 }
 
 // needLogical skips (fails in CI) when no wal_level=logical cluster could
@@ -83,7 +100,7 @@ func logicalOutbox(t testing.TB) (*pgtest.DB, string) {
 	t.Helper()
 	url := needLogical(t)
 	db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
@@ -113,6 +130,7 @@ func (b *bundle) relayer(t testing.TB, mod func(*walrelay.Config)) *walrelay.Rel
 		LeaderPollInterval: 100 * time.Millisecond,
 		BackoffMin:         10 * time.Millisecond,
 		BackoffMax:         200 * time.Millisecond,
+		Messages:           true,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -195,4 +213,31 @@ func (b *bundle) holdSlot(t *testing.T, appName string) *pgconn.PgConn {
 	require.NoError(t, pglogrepl.StartReplication(ctx, conn, b.slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + b.slot + "'"}}))
 	return conn
+}
+
+// privateLogical starts a wal_level=logical cluster of the test's own,
+// for a test that changes what is cluster-wide (privileges, a restart),
+// stopped when t ends.
+func privateLogical(t testing.TB) *tmppg.Cluster {
+	t.Helper()
+	needLogical(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := tmppg.Logical(ctx, 4, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Stop() })
+	return c
+}
+
+// setupOn is setup on the server at url, whose slot is not torn down (the
+// server is the test's own).
+func setupOn(t testing.TB, url string) *bundle {
+	t.Helper()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url})
+	b, err := devkafka.Start(devkafka.Config{Partitions: 6})
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
+	require.NoError(t, err)
+	return &bundle{db: db, broker: b, producer: p, slot: walrelay.DefaultNameOf(db.Pool, db.Tables)}
 }

@@ -38,7 +38,10 @@ type Relayer struct {
 	leading                                                        atomic.Bool
 	published, parked, dropped, batches, heartbeats, failedBatches atomic.Int64
 	acked                                                          atomic.Uint64
-	queuedBytesMax                                                 atomic.Int64
+	// progress counts the moves of the acknowledged position: a lead
+	// that moved it is a success, which resets the backoff.
+	progress       atomic.Int64
+	queuedBytesMax atomic.Int64
 	// oldestUnacked is the commit time (Unix ns) of the oldest transaction
 	// read and not yet acknowledged; 0 when none.
 	oldestUnacked atomic.Int64
@@ -54,7 +57,8 @@ type Stats struct {
 	// decode: moved to the parked table, the stream went on.
 	Parked int64
 	// Dropped logical messages with the outbox's prefix that were not
-	// events (no id), and events that could be neither published nor
+	// events (non-transactional, message-mode events off, no id), and
+	// events that could be neither published nor
 	// parked (the parked table refused them with a data error, SQLSTATE
 	// class 22): logged, not published, not parked.
 	Dropped int64
@@ -118,8 +122,10 @@ func (r *Relayer) Lag() time.Duration {
 // (within ShutdownTimeout), acknowledges it and returns nil. It stands by
 // until it holds the slot's leader lock, then streams. It returns an error
 // when it cannot start (schema out of date, wal_level not logical) or must
-// not go on: the slot was invalidated or disappeared (ErrSlotLost) or a
-// process other than a relayer reads it (ErrSlotBusy). Database and
+// not go on: the slot was invalidated or disappeared (ErrSlotLost), a
+// process other than a relayer reads it (ErrSlotBusy), or Messages is on
+// while roles other than the producers can write messages
+// (ErrMessagesOpen). Database and
 // broker outages, the loss of the leader's session and a previous
 // leader's stream still holding the slot are ridden out: it steps down
 // and stands by again.
@@ -141,31 +147,50 @@ func (r *Relayer) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	if r.cfg.Messages {
+		if err := CheckMessages(ctx, r.cfg.Pool, r.cfg.Tables); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	if r.cfg.defaultNames {
+		old, err := legacySlot(ctx, r.cfg.Pool, r.cfg.Tables, r.cfg.Slot)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if old != "" {
+			return fmt.Errorf("%w: slot %s holds this outbox's position and there is no slot %s (this version's default): set Config.Slot and Config.Publication to %s (--slot %s --publication %s) to go on from it; a new slot would start at the current position and skip what is pending in the old one", ErrLegacySlot, old, r.cfg.Slot, old, old, old)
+		}
+	}
 	r.log.Info("wal relay started; waiting to lead", "publication", r.cfg.Publication, "batch_size", r.cfg.BatchSize, "heartbeat_interval", r.cfg.HeartbeatInterval)
 	defer r.log.Info("wal relay stopped")
-	failures := 0
+	bo := leaderBackoff{min: r.cfg.BackoffMin, max: r.cfg.BackoffMax}
 	for ctx.Err() == nil {
 		lock, err := r.takeLead(ctx)
 		if err == nil && lock == nil {
+			bo.standby()
 			if !backoff.Sleep(ctx, r.cfg.LeaderPollInterval) {
 				return nil
 			}
 			continue
 		}
 		if err == nil {
-			start := time.Now()
+			progress := r.progress.Load()
 			err = r.lead(ctx, lock)
 			lock.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing releases the lock either way
 			r.leading.Store(false)
 			r.oldestUnacked.Store(0)
-			if time.Since(start) > time.Minute {
-				failures = 0
-			}
+			bo.led(r.progress.Load() != progress)
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) {
+		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) || errors.Is(err, ErrMessagesOpen) || errors.Is(err, ErrNotThisOutbox) {
 			return err
 		}
 		// A step-down is not a failed batch: settle counts those. Waiting
@@ -176,9 +201,9 @@ func (r *Relayer) Run(ctx context.Context) error {
 			d = r.cfg.LeaderPollInterval
 			r.log.Info("wal relay stepped down: the slot is still read by a relayer's stream (a previous leader's, not ended yet); standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
 		} else {
-			failures++
-			d = backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
-			r.log.Warn("wal relay stepped down; standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+			var attempt int
+			attempt, d = bo.failed()
+			r.log.Warn("wal relay stepped down; standing by again", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
 		}
 		if !backoff.Sleep(ctx, d) {
 			return nil
@@ -256,6 +281,18 @@ func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
 			return err
 		}
 	}
+	// Checked again on each takeover: a standby may have waited long
+	// since Run checked.
+	if r.cfg.Messages {
+		if err := CheckMessages(ctx, lock, r.cfg.Tables); err != nil {
+			return err
+		}
+	}
+	// Before anything is streamed, so nothing is confirmed: a
+	// publication of another table streams nothing of this outbox.
+	if err := checkPublication(ctx, lock, r.cfg.Tables, r.cfg.Publication); err != nil {
+		return err
+	}
 	start, err := r.checkSlot(ctx, lock)
 	if err != nil {
 		return err
@@ -322,7 +359,10 @@ func (r *Relayer) checkSlot(ctx context.Context, db Querier) (pglogrepl.LSN, err
 		case status == "lost":
 			return 0, fmt.Errorf("%w: slot %s has wal_status=lost (it fell behind max_slot_wal_keep_size and the WAL it needed is gone; events after its position %s may be missing): drop it (outbox relay --mode wal --teardown), republish the gap from the table (outbox relay --mode poll) and start again", ErrSlotLost, r.cfg.Slot, confirmed)
 		case plugin != "pgoutput" || !sameDB:
-			return 0, fmt.Errorf("%w: slot %s is not a pgoutput slot of this database (plugin %s): choose another --slot", ErrSlotBusy, r.cfg.Slot, plugin)
+			if err := checkSlotHome(ctx, db, r.cfg.Slot); err != nil {
+				return 0, err
+			}
+			continue // changed meanwhile: read it again
 		case pid == nil:
 			lsn, err := pglogrepl.ParseLSN(confirmed)
 			if err != nil {

@@ -1,15 +1,20 @@
 package walrelay
 
 import (
+	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
@@ -27,6 +32,15 @@ var (
 	// ErrSlotBusy: another process, not a relayer holding the leader lock,
 	// reads the slot.
 	ErrSlotBusy = errors.New("walrelay: the replication slot is in use by another process")
+	// ErrNotThisOutbox: the publication is not of exactly this outbox's
+	// table, or the slot is another database's or not a pgoutput slot:
+	// streaming it would confirm a position without publishing this
+	// outbox's events.
+	ErrNotThisOutbox = errors.New("walrelay: the slot or publication is not this outbox's")
+	// ErrLegacySlot: the slot and publication were left to their
+	// defaults, and this database has the outbox's slot under the default
+	// name of earlier versions, not under this one's (Names).
+	ErrLegacySlot = errors.New("walrelay: the outbox's slot has the default name of an earlier version")
 )
 
 // Querier is the narrowest database handle the setup and lag functions
@@ -36,19 +50,114 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// DefaultName is the slot and publication name for an outbox when
-// Config.Slot and Config.Publication are empty: "outbox_<table>" for the
-// public schema, "outbox_<schema>_<table>" otherwise, cut to 63 bytes.
-func DefaultName(t outbox.Tables) string {
+// DefaultName is the slot and publication name for the outbox t in the
+// database named database when Config.Slot and Config.Publication are
+// empty: "outbox_<database>_<table>" for the public schema,
+// "outbox_<database>_<schema>_<table>" otherwise (lower-cased, any
+// character but a letter, digit or underscore made an underscore), cut
+// to 54 bytes, then "_" and 8 hex digits of a hash of the three names.
+// Replication slots are named cluster-wide, so the database is in the
+// name; the hash keeps two outboxes apart whose names read the same once
+// cut or joined.
+func DefaultName(database string, t outbox.Tables) string {
+	t = t.WithDefaults()
+	n := "outbox_" + database + "_" + t.Outbox
+	if t.Schema != outbox.DefaultSchema {
+		n = "outbox_" + database + "_" + t.Schema + "_" + t.Outbox
+	}
+	b := []byte(strings.ToLower(n))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > pgident.MaxLen-9 {
+		b = b[:pgident.MaxLen-9]
+	}
+	sum := sha256.Sum256([]byte(database + "\x00" + t.Schema + "\x00" + t.Outbox))
+	return string(b) + "_" + hex.EncodeToString(sum[:4])
+}
+
+// legacyName is DefaultName as it was before it named the database and
+// ended in a hash: "outbox_<table>" or "outbox_<schema>_<table>", cut to
+// 63 bytes. A relayer upgraded in place finds its slot under it.
+func legacyName(t outbox.Tables) string {
 	t = t.WithDefaults()
 	n := "outbox_" + t.Outbox
 	if t.Schema != outbox.DefaultSchema {
 		n = "outbox_" + t.Schema + "_" + t.Outbox
 	}
-	if len(n) > 63 {
-		n = n[:63]
+	if len(n) > pgident.MaxLen {
+		n = n[:pgident.MaxLen]
 	}
 	return n
+}
+
+// databaseOf is the database a pool connects to: its configured name, or,
+// as the server reads an unset one, the user's.
+func databaseOf(cc *pgx.ConnConfig) string {
+	if cc.Database != "" {
+		return cc.Database
+	}
+	return cc.User
+}
+
+// DefaultNameOf is DefaultName for the database pool connects to.
+func DefaultNameOf(pool *pgxpool.Pool, t outbox.Tables) string {
+	return DefaultName(databaseOf(pool.Config().ConnConfig), t)
+}
+
+// Names resolves the slot and publication of the outbox t, as the CLI
+// does before it starts a relayer: each given name is kept; an empty one
+// is DefaultName for the session's database, unless no slot has that
+// name and both are empty while this database has a pgoutput slot and a
+// publication of exactly this outbox under the name of the default
+// before it named the database (legacyName): a relayer upgraded in place
+// then keeps them (legacy is true), where a new slot would start at the
+// current position and skip what is pending in the old one.
+func Names(ctx context.Context, db Querier, t outbox.Tables, slot, publication string) (s, p string, legacy bool, err error) {
+	t = t.WithDefaults()
+	if slot != "" && publication != "" {
+		return slot, publication, false, nil
+	}
+	var database string
+	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&database); err != nil {
+		return "", "", false, fmt.Errorf("walrelay: read the database's name: %w", err)
+	}
+	def := DefaultName(database, t)
+	s, p = cmp.Or(slot, def), cmp.Or(publication, def)
+	if slot != "" || publication != "" {
+		return s, p, false, nil
+	}
+	old, err := legacySlot(ctx, db, t, def)
+	if err != nil || old == "" {
+		return s, p, false, err
+	}
+	return old, old, true, nil
+}
+
+// legacySQL reads whether, with no slot named $1 (the default), this
+// database has a pgoutput slot named $2 (legacyName) and a publication of
+// that name for exactly the outbox table ($3 schema, $4 table).
+const legacySQL = `SELECT NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)
+  AND EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2 AND database = current_database() AND plugin = 'pgoutput')
+  AND (SELECT array_agg(schemaname::text || '.' || tablename::text) FROM pg_publication_tables WHERE pubname = $2) = ARRAY[$3 || '.' || $4]`
+
+// legacySlot returns legacyName(t) when the outbox's slot is under it
+// and none under def; "" otherwise.
+func legacySlot(ctx context.Context, db Querier, t outbox.Tables, def string) (string, error) {
+	old := legacyName(t)
+	if old == def {
+		return "", nil
+	}
+	var found bool
+	if err := db.QueryRow(ctx, legacySQL, def, old, t.Schema, t.Outbox).Scan(&found); err != nil {
+		return "", fmt.Errorf("walrelay: look up slot %s (the default name of earlier versions): %w", old, err)
+	}
+	if !found {
+		return "", nil
+	}
+	return old, nil
 }
 
 // Setup creates, when missing, the publication of the outbox's inserts
@@ -87,6 +196,12 @@ func Setup(ctx context.Context, db Querier, t outbox.Tables, slot, publication s
 			return fmt.Errorf("walrelay: create publication %s for %s: %w", publication, t.OutboxIdent(), err)
 		}
 	}
+	if err := checkPublication(ctx, db, t, publication); err != nil {
+		return err
+	}
+	if err := checkSlotHome(ctx, db, slot); err != nil {
+		return err
+	}
 	var marker *string
 	if err := db.QueryRow(ctx, publicationMarkerSQL, publication).Scan(&marker); err != nil {
 		return fmt.Errorf("walrelay: read the comment of publication %s: %w", publication, err)
@@ -115,6 +230,54 @@ func Setup(ctx context.Context, db Querier, t outbox.Tables, slot, publication s
 		if _, err := db.Exec(ctx, "COMMENT ON PUBLICATION "+pgident.Quote(publication)+" IS "+quoteLiteral(slotMarker(slot))); err != nil {
 			return fmt.Errorf("walrelay: mark publication %s as having slot %s (the role must own the publication: ALTER PUBLICATION %s OWNER TO <the relay's role>): %w", publication, slot, publication, err)
 		}
+	}
+	return nil
+}
+
+// checkPublication fails with ErrNotThisOutbox unless publication
+// publishes the inserts of exactly the outbox table: a relayer streaming
+// another table's publication would publish nothing and confirm the slot.
+func checkPublication(ctx context.Context, db Querier, t outbox.Tables, publication string) error {
+	var (
+		found, inserts bool
+		tables         []string
+	)
+	if err := db.QueryRow(ctx, publicationTablesSQL, publication).Scan(&found, &inserts, &tables); err != nil {
+		return fmt.Errorf("walrelay: read the tables of publication %s: %w", publication, err)
+	}
+	want := t.Schema + "." + t.Outbox
+	switch {
+	case !found:
+		return fmt.Errorf("walrelay: no publication %s in this database: let the relay create it (do not set SkipSetup / --skip-setup) or create it with walrelay.Setup", publication)
+	case len(tables) != 1 || tables[0] != want:
+		list := strings.Join(tables, ", ")
+		if list == "" {
+			list = "no table"
+		}
+		return fmt.Errorf("%w: publication %s publishes %s, not exactly %s; give this outbox its own publication (leave --publication out for the default, %s is another outbox's or hand-made) and slot", ErrNotThisOutbox, publication, clip.Text(list, 300), t.OutboxIdent(), publication)
+	case !inserts:
+		return fmt.Errorf("%w: publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert'), or give this outbox its own publication", ErrNotThisOutbox, publication, publication)
+	}
+	return nil
+}
+
+// checkSlotHome fails with ErrNotThisOutbox when a slot named slot
+// exists but belongs to another database (slot names are cluster-wide)
+// or is not a pgoutput slot.
+func checkSlotHome(ctx context.Context, db Querier, slot string) error {
+	var database, plugin, here string
+	err := db.QueryRow(ctx, slotHomeSQL, slot).Scan(&database, &plugin, &here)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("walrelay: look up slot %s: %w", slot, err)
+	}
+	switch {
+	case database != here:
+		return fmt.Errorf("%w: slot %s belongs to database %q, not to %q (slot names are one namespace for the whole server): give this outbox another --slot (Config.Slot); the default names the database", ErrNotThisOutbox, slot, database, here)
+	case plugin != "pgoutput":
+		return fmt.Errorf("%w: slot %s decodes with plugin %q, not pgoutput: it is not a WAL relay's slot; give this outbox another --slot (Config.Slot)", ErrNotThisOutbox, slot, plugin)
 	}
 	return nil
 }

@@ -42,6 +42,17 @@ const leaderLockSQL = `SELECT pg_try_advisory_lock($1, $2)`
 const slotSQL = `SELECT coalesce(wal_status, ''), active_pid, coalesce(confirmed_flush_lsn, '0/0'::pg_lsn)::text, plugin, database = current_database()
 FROM pg_replication_slots WHERE slot_name = $1`
 
+// publicationTablesSQL reads whether publication $1 exists, whether it
+// publishes inserts, and its tables as schema.table (every table for a
+// FOR ALL TABLES publication).
+const publicationTablesSQL = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1),
+  coalesce((SELECT pubinsert FROM pg_publication WHERE pubname = $1), false),
+  coalesce((SELECT array_agg(schemaname::text || '.' || tablename::text ORDER BY 1) FROM pg_publication_tables WHERE pubname = $1), '{}')`
+
+// slotHomeSQL reads a slot's database and plugin, and this session's
+// database.
+const slotHomeSQL = `SELECT coalesce(database::text, ''), plugin::text, current_database()::text FROM pg_replication_slots WHERE slot_name = $1`
+
 // publicationMarkerSQL reads the publication's comment, Setup's marker
 // that the slot was created (slotMarker); no row, or NULL, for none.
 const publicationMarkerSQL = `SELECT (SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1)`
@@ -52,6 +63,7 @@ const streamHolderSQL = `SELECT coalesce((SELECT application_name FROM pg_stat_a
 
 var _ = sqltext.Register("walrelay", map[string]string{
 	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
+	"emitMessageACLSQL": emitMessageACLSQL, "publicationTablesSQL": publicationTablesSQL, "slotHomeSQL": slotHomeSQL, "legacySQL": legacySQL, "emitMessageFuncsSQL": emitMessageFuncsSQL,
 })
 
 func render(sql string, t outbox.Tables) string {

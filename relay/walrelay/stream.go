@@ -468,6 +468,7 @@ func (r *Relayer) advance(s *streamState, lsn pglogrepl.LSN) {
 	if lsn > s.acked {
 		s.acked = lsn
 		r.acked.Store(uint64(lsn))
+		r.progress.Add(1)
 	}
 	k := 0
 	for k < len(s.pending) && s.pending[k].lsn <= s.acked {
@@ -523,23 +524,35 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 		}
 		r.enqueue(s, it)
 	case *pglogrepl.LogicalDecodingMessage:
-		switch {
-		case m.Prefix == r.prefix:
-			committed := s.commit
-			if !m.Transactional {
-				committed = time.Now()
-			}
-			it, err := messageItem(m.Content, committed, r.cfg.TopicPrefix)
-			if err != nil {
+		if m.Prefix == r.prefix {
+			// Only a transactional message exists iff its transaction
+			// committed (pgoutput sends it with the commit, and never
+			// for a rollback); a non-transactional one is written at
+			// once, rolled back or not, so it is never an event. And
+			// only an outbox in message mode takes events from messages
+			// (Config.Messages, which Run lets start only once no role
+			// but the producers can write them).
+			switch {
+			case !m.Transactional:
 				r.dropped.Add(1)
-				r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
-			} else {
-				r.enqueue(s, it)
+				r.log.Error("wal relay dropped a non-transactional logical message with the outbox's prefix: it is no event (it exists whether or not a transaction commits); producers write transactional messages (outbox.ModeMessage)", "lsn", m.LSN.String())
+			case !r.cfg.Messages:
+				r.dropped.Add(1)
+				r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
+			default:
+				it, err := messageItem(m.Content, s.commit, r.cfg.TopicPrefix)
+				if err != nil {
+					r.dropped.Add(1)
+					r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
+				} else {
+					r.enqueue(s, it)
+				}
 			}
-			if !m.Transactional {
-				s.checkpoint(m.LSN, committed)
+			if m.Transactional {
+				return nil
 			}
-		case !m.Transactional:
+		}
+		if !m.Transactional {
 			// A heartbeat (ours, or any other non-transactional message):
 			// everything before it has been sent.
 			if m.Prefix == HeartbeatPrefix {

@@ -349,7 +349,7 @@ func TestLostSlotIsAClearError(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Stop() })
 	db := pgtest.New(t, pgtest.Options{ServerURL: c.URL()})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	require.NoError(t, walrelay.Setup(ctx, db.Pool, db.Tables, slot, slot))
 	_, err = db.Pool.Exec(ctx, `CREATE TABLE filler (pad text)`)
 	require.NoError(t, err)
