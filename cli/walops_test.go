@@ -81,7 +81,7 @@ func TestStatsOnALostSlotShowsTheSetting(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cluster.Stop() })
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4, ServerURL: cluster.URL()})
-	slot := walrelay.DefaultName(db.Tables)
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	require.NoError(t, walrelay.Setup(ctx, db.Pool, db.Tables, slot, slot))
 
 	// Write WAL past the limit and checkpoint until the server gives the
