@@ -40,9 +40,10 @@
 -- would not do: any role can set one. From any other role, requeued_at
 -- changes nothing: the row is checked like any other.
 --
--- Cost: the id check is a small plpgsql call (its exception block catches
--- the 55000 above) in the trigger's WHEN, about 1 us a row (BENCHMARKS.md).
--- The rest of the function still runs only for a row that fails. The
+-- Cost: the id check is a small plpgsql call in the trigger's WHEN, about
+-- 3 us a row on a loaded 2-core machine, half of it the exception block
+-- that catches the 55000 above (BENCHMARKS.md). The rest of the function
+-- still runs only for a row that fails. The
 -- migration replaces a function and the trigger's definition
 -- (CREATE OR REPLACE TRIGGER, a SHARE ROW EXCLUSIVE lock for an instant).
 -- It neither scans nor rewrites the table, and rows already in it stay as
