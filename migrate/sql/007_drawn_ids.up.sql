@@ -18,9 +18,9 @@
 -- the guard says so. Nothing can change currval except drawing a fresh value:
 -- setval needs UPDATE on the sequence, which a producer does not have.
 -- What a session can do is repeat its own last id. That id is already
--- in the table, so the primary key refuses it, unless the row holding it
--- is gone (deleted, parked, or a ModeMessage message). A session never
--- gets another session's id.
+-- in the table, so the primary key refuses it, unless no row holds it any
+-- more (deleted or parked) or none ever did (ModeMessage sent it as a
+-- message). A session never gets another session's id.
 --
 -- Why not GENERATED ALWAYS AS IDENTITY: any role that may INSERT may also
 -- write OVERRIDING SYSTEM VALUE (checked on Postgres 15: the identity
@@ -43,11 +43,10 @@
 -- Cost: the id check is a small plpgsql call in the trigger's WHEN, about
 -- 3 us a row on a loaded 2-core machine, half of it the exception block
 -- that catches the 55000 above (BENCHMARKS.md). The rest of the function
--- still runs only for a row that fails. The
--- migration replaces a function and the trigger's definition
--- (CREATE OR REPLACE TRIGGER, a SHARE ROW EXCLUSIVE lock for an instant).
--- It neither scans nor rewrites the table, and rows already in it stay as
--- they are.
+-- still runs only for a row that fails. The migration replaces a function
+-- and the trigger's definition (CREATE OR REPLACE TRIGGER, a SHARE ROW
+-- EXCLUSIVE lock for an instant). It neither scans nor rewrites the table,
+-- and rows already in it stay as they are.
 CREATE OR REPLACE FUNCTION {{id_drawn_fn}}(id bigint)
 RETURNS boolean
 LANGUAGE plpgsql
