@@ -40,9 +40,9 @@
 -- would not do: any role can set one. From any other role, requeued_at
 -- changes nothing: the row is checked like any other.
 --
--- Cost: the id check is a small plpgsql call in the trigger's WHEN, about
--- 3 us a row on a loaded 2-core machine, half of it the exception block
--- that catches the 55000 above (BENCHMARKS.md). The rest of the function
+-- Cost: the id check is a small plpgsql call in the trigger's WHEN, 3-9
+-- us a row in bulk on a loaded 2-core machine, about 1.3 us of it the
+-- exception block that catches the 55000 above (BENCHMARKS.md). The rest of the function
 -- still runs only for a row that fails. The migration replaces a function
 -- and the trigger's definition (CREATE OR REPLACE TRIGGER, a SHARE ROW
 -- EXCLUSIVE lock for an instant). It neither scans nor rewrites the table,
