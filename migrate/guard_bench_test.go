@@ -13,19 +13,21 @@ import (
 )
 
 // guardVariants are the insert-time checks BenchmarkInsertGuard compares,
-// each on its own schema: none (migration 5), the guard trigger
-// (migration 6), the same rules as CHECK constraints (which migration 6
+// each on its own schema: none (migration 5), the guard trigger as
+// migration 6 made it (rules only) and as migration 7 makes it (the id
+// check in front), the same rules as CHECK constraints (which migration 6
 // does not use: a CHECK also refuses the claim's UPDATE of an old bad
 // row), and the guard plus a payload size check, which serialises the
 // payload as the relayer will publish it.
 var guardVariants = []struct {
-	name  string
-	setup []string // after migrating to 5 ("none") or 6
-	down  bool
+	name   string
+	setup  []string // after migrating to downTo (0: the latest version)
+	downTo int
 }{
-	{name: "none", down: true},
+	{name: "none", downTo: 5},
+	{name: "trigger6", downTo: 6},
 	{name: "trigger"},
-	{name: "check", down: true, setup: []string{
+	{name: "check", downTo: 5, setup: []string{
 		`ALTER TABLE {{outbox}} ADD CONSTRAINT events_outbox_type_topic CHECK (type ~ '^[a-zA-Z0-9_-]+(\.|$)' AND octet_length(split_part(type, '.', 1)) <= 249) NOT VALID`,
 		`ALTER TABLE {{outbox}} ADD CONSTRAINT events_outbox_headers_shape CHECK (headers IS NULL OR jsonb_typeof(headers) = 'null'
   OR (jsonb_typeof(headers) = 'object' AND NOT headers ?| '{event_id,event_type,content-type,event_source}'::text[] AND NOT headers ? ''
@@ -36,16 +38,16 @@ var guardVariants = []struct {
 	}},
 }
 
-func guardDB(b *testing.B, down bool, setup []string) *pgtest.DB {
+func guardDB(b *testing.B, downTo int, setup []string) *pgtest.DB {
 	b.Helper()
 	ctx := context.Background()
 	db := pgtest.New(b, pgtest.Options{MaxConns: 2})
-	if down {
+	if downTo > 0 {
 		m, err := migrate.New(db.Tables)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := m.Down(ctx, db.Pool, 5); err != nil {
+		if _, err := m.Down(ctx, db.Pool, downTo); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -76,10 +78,10 @@ func BenchmarkInsertGuard(b *testing.B) {
 	big := `{"blob": "` + strings.Repeat("p", 100_000) + `"}`
 	for _, v := range guardVariants {
 		b.Run(v.name, func(b *testing.B) {
-			b.Run("insert", func(b *testing.B) { benchPlainInsert(b, guardDB(b, v.down, v.setup), benchPayload) })
-			b.Run("insert-100kB", func(b *testing.B) { benchPlainInsert(b, guardDB(b, v.down, v.setup), big) })
+			b.Run("insert", func(b *testing.B) { benchPlainInsert(b, guardDB(b, v.downTo, v.setup), benchPayload) })
+			b.Run("insert-100kB", func(b *testing.B) { benchPlainInsert(b, guardDB(b, v.downTo, v.setup), big) })
 			b.Run("insert-1000", func(b *testing.B) {
-				db := guardDB(b, v.down, v.setup)
+				db := guardDB(b, v.downTo, v.setup)
 				ctx := context.Background()
 				for b.Loop() {
 					tx, err := db.Pool.Begin(ctx)
@@ -96,7 +98,7 @@ SELECT gen_random_uuid(), 'order.placed', $1::jsonb, $2::jsonb FROM generate_ser
 				}
 			})
 			b.Run("emit", func(b *testing.B) {
-				db := guardDB(b, v.down, v.setup)
+				db := guardDB(b, v.downTo, v.setup)
 				p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
 				if err != nil {
 					b.Fatal(err)

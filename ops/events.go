@@ -624,6 +624,10 @@ type UnparkResult struct {
 // parked, out of its original order. Its requeued_at is set to now(), so
 // the lag and the watchdog count its wait from the unpark, not its age.
 //
+// Only the table's owner, or a member of the owner's role, may write a row
+// under an id the sequence did not just draw (the insert guard, migration
+// 7): run Unpark as that role.
+//
 // It returns an error wrapping ErrEventNotParked (the event is in the
 // outbox) or ErrEventNotFound.
 func Unpark(ctx context.Context, db Beginner, cfg UnparkConfig) (UnparkResult, error) {
@@ -675,6 +679,10 @@ func Unpark(ctx context.Context, db Beginner, cfg UnparkConfig) (UnparkResult, e
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
 			return res, fmt.Errorf("ops: unpark: %s already has a row with id %d (inserted by hand?); "+
 				"compare it with the parked row (`outbox events show %d` shows the outbox one) and delete one of them", t.OutboxIdent(), cfg.ID, cfg.ID)
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "428C9" { // generated_always: the guard refused the old id
+			return res, fmt.Errorf("ops: unpark: the insert guard of %s refused event %d under its own id: only the table's owner "+
+				"(or a member of its role) may put a row back; run unpark as that role", t.OutboxIdent(), cfg.ID)
 		}
 		return res, fmt.Errorf("ops: unpark event %d into %s: %w", cfg.ID, t.OutboxIdent(), err)
 	}

@@ -47,6 +47,9 @@ type Idents struct {
 	// <outbox>_id_seq: Tables.Validate keeps the name short enough that
 	// Postgres does not cut it). The WAL-only emit modes draw ids from it.
 	IDSeq string // {{id_seq}}
+	// IDDrawnFn (migration 7) tells the guard whether an inserted row's id
+	// is the one this session's sequence just drew.
+	IDDrawnFn string // {{id_drawn_fn}}: <schema>.<outbox>_id_drawn
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -71,6 +74,7 @@ func For(schema, outbox, processed string) Idents {
 		GuardFn:        q(outbox + "_guard"),
 		GuardTrigger:   pgident.Quote(trim(outbox + "_guard")),
 		IDSeq:          q(outbox + "_id_seq"),
+		IDDrawnFn:      q(outbox + "_id_drawn"),
 	}
 }
 
@@ -113,6 +117,8 @@ func (ids Idents) lookup(name string) string {
 		return ids.GuardTrigger
 	case "id_seq":
 		return ids.IDSeq
+	case "id_drawn_fn":
+		return ids.IDDrawnFn
 	}
 	return ""
 }
@@ -136,7 +142,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)
