@@ -431,7 +431,11 @@ for that aggregate: after the aggregate's events that went out while it was
 parked, out of its original order. Its requeued_at is set to now, so the
 lag and the stuck-row watchdog count its wait from the unpark. If what made
 it fail is not fixed, it fails and is held again. Without --yes, unpark
-prints what it would do and changes nothing.`,
+prints what it would do and changes nothing.
+
+Run it as the outbox table's owner (or a member of the owner's role): the
+row goes back whole, as it was written, and the insert guard lets only the
+owner put a row back past its checks.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			id, err := parseEventID(args[0])

@@ -47,8 +47,8 @@ func TestGuardRefusesPlainInsertsTheRelayCannotPublish(t *testing.T) {
 		hint      string
 	}
 	cases := map[string]bad{
-		"empty type":         {"", nil, typeRule, "names no topic", "topic.event"},
-		"leading dot":        {".placed", nil, typeRule, "names no topic", "topic.event"},
+		"empty type":         {"", nil, typeRule, "event type is empty", "topic.event"},
+		"leading dot":        {".placed", nil, typeRule, "starts with '.', so it names no topic", "topic.event"},
 		"space in topic":     {"order placed", nil, typeRule, "routes to topic 'order placed', which holds a character Kafka refuses", "letters, digits"},
 		"non-ASCII topic":    {"ünïcode.placed", nil, typeRule, "which holds a character Kafka refuses", "letters, digits"},
 		"250-char topic":     {strings.Repeat("x", 250) + ".placed", nil, typeRule, "topic name of 250 bytes; Kafka allows at most 249", "shorten"},

@@ -84,8 +84,13 @@ BEGIN
             DETAIL = 'Event ids come from the outbox''s sequence: consumers deduplicate on them, and an id chosen by the writer can be another event''s.',
             HINT = 'leave id out of the column list (or write DEFAULT) and let the outbox draw it; to send an event again, use `outbox events replay` or `outbox events unpark`';
   END IF;
+  IF NEW.type = '' THEN
+    RAISE EXCEPTION 'outbox: event type is empty, so it names no topic'
+      USING ERRCODE = 'check_violation', CONSTRAINT = rule, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+            HINT = 'name the event "topic.event", e.g. ''order.placed''';
+  END IF;
   IF topic = '' THEN
-    RAISE EXCEPTION 'outbox: event type % names no topic (it is empty or starts with ''.'')', quote_literal(left(NEW.type, 64))
+    RAISE EXCEPTION 'outbox: event type % starts with ''.'', so it names no topic', quote_literal(left(NEW.type, 64))
       USING ERRCODE = 'check_violation', CONSTRAINT = rule, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
             HINT = 'name the event "topic.event", e.g. ''order.placed''';
   END IF;
