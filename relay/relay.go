@@ -69,12 +69,15 @@ type Config struct {
 	// (BENCHMARKS.md); MaxBatchBytes keeps large payloads from multiplying
 	// the memory this takes. Defaults to DefaultBatchSize (5000).
 	BatchSize int
-	// MaxBatchBytes bounds the payload bytes of one batch, which the relayer
-	// holds in memory (twice, with pipelining), so large payloads cannot
+	// MaxBatchBytes bounds the bytes of one batch, which the relayer holds
+	// in memory (twice, with pipelining), so large payloads cannot
 	// multiply its footprint: a claim stops before the row that would cross
-	// it (a single larger row still goes alone). Sizes are as stored, after
-	// Postgres' compression of large values. Defaults to
-	// DefaultMaxBatchBytes (4 MiB).
+	// it (a single larger row still goes alone). A row counts as the relayer
+	// receives and publishes it: its payload and headers as JSON text and
+	// its type, not the smaller size Postgres stores after compressing
+	// large values. The database driver and the publisher's client buffer
+	// on top of that (pgx reads a row into a buffer rounded up to a power
+	// of two). Defaults to DefaultMaxBatchBytes (4 MiB).
 	MaxBatchBytes int
 	// PollInterval is how long an idle relayer waits for new rows when no
 	// notification arrives. Defaults to DefaultPollInterval (1s).

@@ -10,7 +10,7 @@ import (
 // nothing is dispatched that was not acknowledged. Parameters: $1 batch
 // size, $2 the rows this relayer is publishing in its previous batch, still
 // open (pipelining): they come first, so they are not gaps, $3 the batch's
-// payload budget in bytes.
+// budget in bytes (Config.MaxBatchBytes).
 //
 //   - held: the aggregates whose pending head row is held after a permanent
 //     failure (holdSQL), read from the failures table, a handful of rows in
@@ -37,11 +37,20 @@ import (
 //     committed before this scan can be a candidate that seen leaves out;
 //     but then the previous batch failed, and this one is rolled back
 //     unpublished.)
-//   - cutoff: the last candidate within the payload budget (by stored size,
-//     which for large payloads is after TOAST compression), counted in id
-//     order; the first candidate always fits. Candidates past it wait for
-//     the next claim, in order. The running sum (a sort) is only computed
-//     when the candidates together exceed the budget.
+//   - cutoff: the last candidate within the budget $3, counted in id order
+//     by the bytes the relayer will hold: payload and headers as text (what
+//     RETURNING sends; pgx's binary jsonb is the same text behind a version
+//     byte) and type. Never by pg_column_size: TOAST compresses, and 10 MB
+//     of repetitive JSON stores in about 110 kB. The first candidate always
+//     fits; candidates past the cutoff wait for the next claim, in order.
+//     Printing a row to measure it costs about what it prints, so
+//     candidates does it only for rows stored uncompressed in at most $3 /
+//     $1 bytes: they print in about what they store, a batch of them in
+//     about the budget (a compressed value can print a hundredfold). The
+//     others are sized by a lookup in id order that stops at the first row
+//     past the budget (TestClaimSizesRowsAsSentUpToTheBudget). When every
+//     candidate was sized as it was locked and together they fit, the
+//     running sum (a sort) is skipped.
 //   - accepted: the candidates up to the cutoff and before their
 //     aggregate's gap. They are the
 //     oldest pending rows of their aggregate with nothing missing in between,
@@ -66,7 +75,11 @@ const claimSQL = `WITH held AS MATERIALIZED (
   WHERE f.held_until > now()
     AND EXISTS (SELECT 1 FROM {{outbox}} o WHERE o.id = f.event_id AND o.dispatched_at IS NULL)
 ), candidates AS MATERIALIZED (
-  SELECT id, aggregate_id, pg_column_size(payload) AS size FROM {{outbox}}
+  SELECT id, aggregate_id,
+    CASE WHEN pg_column_size(payload) + coalesce(pg_column_size(headers), 0) <= $3::bigint / $1::integer
+      AND pg_column_compression(payload) IS NULL AND pg_column_compression(headers) IS NULL
+      THEN octet_length(payload::text) + coalesce(octet_length(headers::text), 0) + octet_length(type) END AS size
+  FROM {{outbox}}
   WHERE dispatched_at IS NULL AND NOT (aggregate_id = ANY((SELECT aggs FROM held)::uuid[]))
   ORDER BY id
   LIMIT $1
@@ -91,10 +104,14 @@ const claimSQL = `WITH held AS MATERIALIZED (
   WHERE (SELECT count(*) FROM seen) <> (SELECT count(*) FROM candidates)
   GROUP BY aggregate_id
 ), cutoff AS (
-  SELECT CASE WHEN sum(size) <= $3 THEN max(id) ELSE (
-    SELECT coalesce(max(id) FILTER (WHERE upto <= $3), min(id))
-    FROM (SELECT id, sum(size) OVER (ORDER BY id) AS upto FROM candidates) s
-  ) END AS id
+  SELECT CASE WHEN count(size) = count(*) AND coalesce(sum(size), 0) <= $3 THEN max(id) ELSE coalesce((
+    SELECT coalesce(prev, id) FROM (
+      SELECT id, lag(id) OVER w AS prev, sum(coalesce(size, (
+        SELECT octet_length(o.payload::text) + coalesce(octet_length(o.headers::text), 0) + octet_length(o.type)
+        FROM {{outbox}} o WHERE o.id = c.id))) OVER w AS upto
+      FROM candidates c WINDOW w AS (ORDER BY id)
+    ) s WHERE upto > $3 ORDER BY id LIMIT 1
+  ), max(id)) END AS id
   FROM candidates
 ), accepted AS (
   SELECT c.id FROM candidates c LEFT JOIN gaps g USING (aggregate_id)
