@@ -13,7 +13,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/devkafka"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 )
 
@@ -158,4 +161,93 @@ func consumedInOrder(t *testing.T, out string, committed map[uuid.UUID][]int64) 
 		last[agg] = ev.ID
 	}
 	require.Len(t, seen, len(want), "every committed event consumed")
+}
+
+// The WAL relay shares the polling relay's publisher: a broker replaced
+// under `outbox relay --mode wal` (an in-process dev broker closed, and a
+// new one without data started on its address) is logged within 5s,
+// /readyz turns unready, and within 30s of the new broker every event
+// committed meanwhile is on it, in order per aggregate, and /readyz is
+// ready again.
+func TestBrokerReplacedUnderWALRelay(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("a broker replaced under the WAL relay; skipped with -short")
+	}
+	ctx := context.Background()
+	w := walSetup(t)
+	addr := freeAddr(t)
+	startBroker := func() {
+		b, err := devkafka.Start(devkafka.Config{Listen: addr, Partitions: 3})
+		require.NoError(t, err)
+		t.Cleanup(b.Close)
+		w.broker = b
+	}
+	startBroker()
+	web := freeAddr(t)
+	// The default --delivery-timeout (30s), after walArgs' 2s.
+	rel := start(t, w.walArgs("wal", "--http", web, "--delivery-timeout", "30s")...)
+	w.waitStreaming(t, rel)
+	waitListening(t, web)
+
+	first := writers(t, ctx, w.db, 500, 50, 2, 20, time.Second)
+	readTopic(t, addr, "order", 500, 60*time.Second)
+
+	before := len(rel.out.String())
+	w.broker.Close()
+	gone := time.Now()
+	written := make(chan map[uuid.UUID][]int64, 1)
+	go func() { written <- writers(t, ctx, w.db, 1_000, 50, 2, 20, 6*time.Second) }()
+	require.Eventually(t, func() bool { return strings.Contains(rel.out.String()[before:], "cannot connect to Kafka broker") },
+		5*time.Second, 20*time.Millisecond, "the WAL relay says nothing of the broker; output:\n%s", rel.out.String()[before:])
+	require.Eventually(t, func() bool { code, _ := readyz(t, web); return code == http.StatusServiceUnavailable },
+		5*time.Second, 50*time.Millisecond, "/readyz still ready without a broker")
+
+	time.Sleep(time.Until(gone.Add(3 * time.Second)))
+	startBroker()
+	back := time.Now()
+	second := <-written
+	ofFirst, ofSecond := ids(first), ids(second)
+	var got []delivered
+	for _, r := range kafkatest.Read(t, addr, time.Until(back.Add(30*time.Second)), func(rs []*kgo.Record) bool {
+		seen := map[int64]bool{}
+		for _, r := range rs {
+			if id := kafkatest.EventID(r); ofSecond[id] {
+				seen[id] = true
+			}
+		}
+		return len(seen) == len(ofSecond)
+	}, "order") {
+		got = append(got, delivered{key: string(r.Key), partition: r.Partition, id: kafkatest.EventID(r)})
+	}
+	t.Logf("healed %s after the new broker started", time.Since(back).Round(time.Millisecond))
+	require.Eventually(t, func() bool { code, _ := readyz(t, web); return code == http.StatusOK }, 10*time.Second, 50*time.Millisecond,
+		"/readyz not ready again once the relay publishes")
+
+	// A batch in flight at the change may be sent again: what is not of
+	// the second load must be of the first.
+	var fromSecond []delivered
+	for _, d := range got {
+		if !ofSecond[d.id] {
+			require.True(t, ofFirst[d.id], "event %d was never committed", d.id)
+			continue
+		}
+		fromSecond = append(fromSecond, d)
+	}
+	dups := verify(t, second, fromSecond)
+	t.Logf("%d records on the new broker, %d duplicates", len(got), dups)
+
+	rel.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, rel.wait(t, 30*time.Second))
+}
+
+// ids is the set of the ids in committed.
+func ids(committed map[uuid.UUID][]int64) map[int64]bool {
+	out := map[int64]bool{}
+	for _, ids := range committed {
+		for _, id := range ids {
+			out[id] = true
+		}
+	}
+	return out
 }
