@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/devkafka"
@@ -105,4 +106,38 @@ func TestPublishFollowsAReplacedBroker(t *testing.T) {
 		require.IsIncreasing(t, ids, "aggregate %s in order", a)
 		require.Len(t, ids, 8, "aggregate %s: both batches after the broker came back", a)
 	}
+}
+
+// A topic deleted and recreated on a running broker (a new topic id) is
+// followed too: the publishes after the recreation go through, to the new
+// topic.
+func TestPublishFollowsARecreatedTopic(t *testing.T) {
+	t.Parallel()
+	pub, b := publisher(t, 0, 0, false)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addr()))
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	agg := uuid.New()
+	for _, err := range pub.Publish(ctx, []relay.Message{msg(1, agg, "order", 50), msg(2, agg, "order", 50)}) {
+		require.NoError(t, err)
+	}
+
+	_, err = adm.DeleteTopics(ctx, "order")
+	require.NoError(t, err)
+	_, err = adm.CreateTopic(ctx, 1, 1, nil, "order")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		for _, err := range pub.Publish(ctx, []relay.Message{msg(3, agg, "order", 50), msg(4, agg, "order", 50)}) {
+			if err != nil {
+				t.Logf("publish: %v", err)
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 200*time.Millisecond, "the publisher did not follow the recreated topic within 30s")
+	require.NoError(t, pub.Ready(ctx))
+	got := kafkatest.Read(t, b.Addr(), 10*time.Second, kafkatest.AtLeast(2), "order")
+	require.Equal(t, []int64{3, 4}, []int64{kafkatest.EventID(got[0]), kafkatest.EventID(got[1])}, "the new topic has the records sent after its creation")
 }
