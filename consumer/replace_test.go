@@ -1,11 +1,13 @@
 package consumer_test
 
 import (
+	"context"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -68,4 +70,36 @@ func TestConsumerFollowsAReplacedBroker(t *testing.T) {
 		require.Equal(t, 1, n, "event %s applied once", id)
 	}
 	require.Len(t, b.effects(t), 45)
+}
+
+// A topic deleted and recreated on a running broker is followed too: the
+// events written to the new topic are processed, each once.
+func TestConsumerFollowsARecreatedTopic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c, err := consumer.New(b.config(map[string]consumer.Handler{"t.x": record}))
+	require.NoError(t, err)
+	stop := run(t, c)
+	p := b.producer(t)
+	for id := int64(1); id <= 9; id++ {
+		produce(t, p, event("t", int32(id%3), id, "t.x", `{}`))
+	}
+	require.Eventually(t, func() bool { return len(b.effects(t)) == 9 }, 20*time.Second, 50*time.Millisecond)
+
+	adm := kadm.NewClient(p)
+	ctx := context.Background()
+	_, err = adm.DeleteTopics(ctx, "t")
+	require.NoError(t, err)
+	_, err = adm.CreateTopic(ctx, 3, 1, nil, "t")
+	require.NoError(t, err)
+	p = b.producer(t) // a client of its own would have to follow the new topic too
+	for id := int64(10); id <= 12; id++ {
+		produce(t, p, event("t", int32(id%3), id, "t.x", `{}`))
+	}
+	require.Eventually(t, func() bool { return len(b.effects(t)) == 12 }, 30*time.Second, 100*time.Millisecond,
+		"the consumer did not follow the recreated topic within 30s")
+	require.NoError(t, stop())
+	for id, n := range b.effects(t) {
+		require.Equal(t, 1, n, "event %s applied once", id)
+	}
 }
