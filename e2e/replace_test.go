@@ -107,6 +107,8 @@ func TestBrokerReplacedUnderRelayAndConsumer(t *testing.T) {
 	require.Equal(t, 0, rel.wait(t, 30*time.Second))
 	cons.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, cons.wait(t, 30*time.Second))
+	broker.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, broker.wait(t, 30*time.Second))
 }
 
 // processed counts the processed table's rows of consumer.
