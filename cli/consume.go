@@ -134,6 +134,7 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	if o.cfg.Client, err = o.kf.brokersConfig(log); err != nil {
 		return err
 	}
+	o.cfg.Client.Logger = log.With("consumer", o.cfg.Name)
 	opts, err := o.cfg.Client.Options()
 	if err != nil {
 		return err

@@ -138,6 +138,7 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 		return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
 	}
 	kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(o.deliver))
+	kcfg.Logger, o.pcfg.Logger = log, log
 	client, err := kafkapub.NewPublisherClient(kcfg)
 	if err != nil {
 		return err

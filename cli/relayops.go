@@ -51,8 +51,8 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 }
 
 // instrument checks the flags, builds the monitor and adds its metrics to
-// cfg.Hooks. cfg.Pool, Tables and Logger must be set; client is pinged by
-// /readyz.
+// cfg.Hooks. cfg.Pool, Tables and Logger must be set; /readyz asks
+// brokerCheck(cfg.Publisher, client).
 func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	if err := o.check(); err != nil {
 		return err
@@ -64,7 +64,7 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	mc.Cleanup.ProcessedRetention = o.processedRetention
 	mc.Cleanup.SkipProcessed = o.processedRetention == 0
 	if client != nil {
-		mc.Checks = append(mc.Checks, ops.ReadyCheck{Name: "broker", Check: client.Ping})
+		mc.Checks = append(mc.Checks, brokerCheck(cfg.Publisher, client))
 	}
 	mon, err := ops.NewMonitor(mc)
 	if err != nil {
@@ -73,6 +73,17 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	cfg.Hooks = append(cfg.Hooks, mon.Metrics())
 	o.mon = mon
 	return nil
+}
+
+// brokerCheck is /readyz's broker condition: the publisher's Ready when it
+// has one (kafkapub's fails while publishing fails, not only while the
+// broker does not answer: a broker can answer metadata requests and refuse
+// every record), else a ping of client.
+func brokerCheck(pub relay.Publisher, client *kgo.Client) ops.ReadyCheck {
+	if r, ok := pub.(interface{ Ready(context.Context) error }); ok {
+		return ops.ReadyCheck{Name: "broker", Check: r.Ready}
+	}
+	return ops.ReadyCheck{Name: "broker", Check: client.Ping}
 }
 
 // check checks the flags shared by both modes and settles --http's
@@ -121,7 +132,7 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, client *kg
 		CleanupInterval: o.cleanupInterval, DisableCleanup: o.cleanupInterval == 0, Cleanup: cleanup,
 	}
 	if client != nil {
-		mc.Checks = append(mc.Checks, ops.ReadyCheck{Name: "broker", Check: client.Ping})
+		mc.Checks = append(mc.Checks, brokerCheck(rc.Publisher, client))
 	}
 	mon, err := ops.NewWALMonitor(mc)
 	if err != nil {

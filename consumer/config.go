@@ -92,7 +92,8 @@ type Config struct {
 	// SkipSchemaCheck skips the check, when Run starts, that the processed
 	// table exists. Defaults to false.
 	SkipSchemaCheck bool
-	// Logger receives structured logs. Defaults to slog.Default().
+	// Logger receives structured logs, and Client's broker connection
+	// failures unless Client.Logger is set. Defaults to slog.Default().
 	Logger *slog.Logger
 	// BeforeCommit, if set, is called with the offsets about to be
 	// committed (topic -> partition -> next offset to read), after the

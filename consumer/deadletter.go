@@ -2,9 +2,11 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -90,6 +92,11 @@ func (c *Consumer) deadLetter(stop, work context.Context, r *kgo.Record, attempt
 			log.Error("dead letter dropped: the broker refuses even a pointer record with only the key and the dlq_* headers; moving past the record without one (if err says too large, the key is: raise the dead-letter topic's max.message.bytes to keep such records)",
 				"attempts", attempts, "reason", reason, "key_bytes", len(r.Key), "value_bytes", len(r.Value), "headers", len(r.Headers), "err", err)
 			return true
+		}
+		if errors.Is(err, kerr.UnknownTopicID) {
+			// The dead-letter topic was recreated (or the broker replaced):
+			// the client keeps its old id until it forgets the topic.
+			c.dlqCl.PurgeTopicsFromClient(topic)
 		}
 		d := backoff.Delay(c.cfg.BackoffMin, c.cfg.BackoffMax, failures)
 		log.Error("dead-letter write failed; retrying (the record's offset is not committed until it succeeds)",

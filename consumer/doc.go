@@ -22,7 +22,10 @@
 // NUL, a payload that is not JSON or not UTF-8, a type with no handler) are
 // dead-lettered at once, and so is a record whose (source, event_id) the
 // processed table refuses (ErrInvalidEvent). Only a database or broker that
-// is down is waited out without limit. A dead-lettered event is not
+// is down is waited out without limit. A topic deleted and recreated (or a
+// broker replaced by one that lost its state) has a new id, which franz-go
+// refuses until the topic is purged: the Consumer purges it, subscribes
+// again and reads the new topic from its committed offsets, or its start. A dead-lettered event is not
 // recorded as processed: replayed to its topic once the cause is fixed, it
 // is processed then. Offsets move past a dead-lettered record only after
 // the broker acknowledged its dead-letter copy. When the broker refuses

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -80,26 +82,67 @@ func (c *Consumer) consume(ctx, work context.Context, cl *kgo.Client) error {
 			return nil
 		}
 		errored := false
+		var recreated []string
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if errors.Is(err, context.Canceled) {
+				return
+			}
+			if errors.Is(err, kerr.UnknownTopicID) && c.mayFollow(topic) {
+				if !slices.Contains(recreated, topic) {
+					recreated = append(recreated, topic)
+				}
 				return
 			}
 			errored = true
 			c.log.Warn("kafka fetch failed; retrying", "topic", topic, "partition", partition, "err", err)
 		})
-		if fetches.NumRecords() == 0 {
-			cl.AllowRebalance()
-			if errored && !backoff.Sleep(ctx, c.cfg.BackoffMin) {
-				return nil
+		if fetches.NumRecords() > 0 {
+			if err := c.poll(ctx, work, fetches); err != nil {
+				return err
 			}
-			continue
-		}
-		if err := c.poll(ctx, work, fetches); err != nil {
-			return err
 		}
 		cl.AllowRebalance()
+		if len(recreated) > 0 {
+			c.follow(cl, recreated)
+		}
+		if fetches.NumRecords() == 0 && errored && !backoff.Sleep(ctx, c.cfg.BackoffMin) {
+			return nil
+		}
 	}
 	return nil
+}
+
+// followEvery is how often one topic is purged and added back at most:
+// UNKNOWN_TOPIC_ID that persists after that waits like any fetch error.
+const followEvery = 10 * time.Second
+
+// mayFollow reports whether topic was not purged and added back within
+// followEvery.
+func (c *Consumer) mayFollow(topic string) bool {
+	return time.Since(c.followed[topic]) >= followEvery
+}
+
+// follow purges topics, which have a new id at the broker, from cl and
+// consumes them again. franz-go keeps a topic's first id and answers every
+// fetch of a deleted and recreated topic (or of a broker replaced by one
+// that lost its state) with UNKNOWN_TOPIC_ID until the topic is purged and
+// added back. The done offsets not yet committed are of the old topic and
+// are dropped first: the purge's rebalance would commit them to the new
+// one, which starts over from its committed offsets (or its start).
+func (c *Consumer) follow(cl *kgo.Client, topics []string) {
+	c.log.Warn("Kafka topic has a new id at the broker (deleted and recreated, or the broker was replaced and lost its state); consuming it again from its committed offsets, or its start",
+		"topics", topics)
+	if c.followed == nil {
+		c.followed = map[string]time.Time{}
+	}
+	c.mu.Lock()
+	for _, t := range topics {
+		delete(c.uncommitted, t)
+		c.followed[t] = time.Now()
+	}
+	c.mu.Unlock()
+	cl.PurgeTopicsFromClient(topics...)
+	cl.AddConsumeTopics(topics...)
 }
 
 // leave leaves the group and closes cl. A failure to leave is logged

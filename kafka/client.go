@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
@@ -36,6 +37,12 @@ type ClientConfig struct {
 	SASLUser, SASLPassword string
 	// DialTimeout bounds one connection attempt. Defaults to 10s.
 	DialTimeout time.Duration
+	// Logger receives a warning when a connection to a broker fails (the
+	// first failure at once, then one line a minute per broker while it
+	// stays unreachable) and a line when the broker is reached again.
+	// franz-go retries by itself; without these lines an outage is silent
+	// until a produce or fetch gives up. Defaults to slog.Default().
+	Logger *slog.Logger
 	// Opts are passed to kgo.NewClient after ours, so they win.
 	Opts []kgo.Opt
 }
@@ -61,7 +68,11 @@ func (c ClientConfig) Options() ([]kgo.Opt, error) {
 	if c.TLSInsecureSkipVerify && !c.tlsOn() {
 		return nil, errors.New("kafka: TLSInsecureSkipVerify is set but TLS is off, so the connection would be plaintext; set ClientConfig.TLS too, or drop TLSInsecureSkipVerify")
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.ClientID(id), kgo.DialTimeout(dial)}
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.ClientID(id), kgo.DialTimeout(dial), kgo.WithHooks(newConnLog(log))}
 	if c.tlsOn() {
 		tc, err := c.tlsConfig()
 		if err != nil {

@@ -94,6 +94,16 @@ func (l *topicLimits) lookup(ctx context.Context, topics []string) map[string]to
 	return out
 }
 
+// forget drops what l learnt of topics, so that the next lookup reads them
+// again (a recreated topic may have other limits).
+func (l *topicLimits) forget(topics []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, t := range topics {
+		delete(l.byTopic, t)
+	}
+}
+
 // describe reads the limits of topics. A topic's own max.message.bytes
 // wins when it was set on the topic; otherwise the broker's
 // message.max.bytes applies (which is what a real broker reports for such a

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -30,6 +32,9 @@ type PublisherConfig struct {
 	// Set it when the relayer may not describe configurations. Defaults to
 	// 0 (ask the broker).
 	MaxMessageBytes int
+	// Logger receives a warning when a topic is found to have a new id at
+	// the broker (see Publisher). Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Publisher is a relay.Publisher on a franz-go client. The client should
@@ -42,10 +47,24 @@ type PublisherConfig struct {
 // again in halves, down to single records, so that only the culprit fails
 // and the records that shared its request go through; records after a
 // failed one of their aggregate are not sent, so nothing overtakes it.
+//
+// A topic that was deleted and recreated, or a broker replaced by one that
+// lost its state, has a new topic id; franz-go keeps the old one and fails
+// every record of the topic with UNKNOWN_TOPIC_ID until the topic is purged
+// from the client. The Publisher purges such a topic once every record of
+// the call is settled (so nothing of it is in flight) and sends its records
+// again, once, in the same call.
 type Publisher struct {
 	client *kgo.Client
 	source string
 	limits *topicLimits
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// failing is the error of the last publish that ended in an error a
+	// retry may fix, since failingSince; nil once a publish went through.
+	failing      error
+	failingSince time.Time
 }
 
 // NewPublisher wraps client. On a client from NewPublisherClient, produce
@@ -61,7 +80,11 @@ func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
 	lim.mu.Lock()
 	lim.override = max(cfg.MaxMessageBytes, 0)
 	lim.mu.Unlock()
-	return &Publisher{client: client, source: cfg.Source, limits: lim}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Publisher{client: client, source: cfg.Source, limits: lim, log: log}
 }
 
 // NewPublisherClient builds a franz-go client for publishing from cfg:
@@ -158,7 +181,80 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		send = append(send, i)
 	}
 	p.send(ctx, msgs, send, errs)
+	if again := p.recreated(ctx, msgs, send, errs); len(again) > 0 {
+		p.send(ctx, msgs, again, errs)
+	}
+	p.noteOutcome(ctx, send, errs)
 	return errs
+}
+
+// recreated purges the topics whose records of idx failed with
+// UNKNOWN_TOPIC_ID from the client and returns those records, to be sent
+// again (less those behind another failure of their aggregate).
+func (p *Publisher) recreated(ctx context.Context, msgs []relay.Message, idx []int, errs []error) []int {
+	if ctx.Err() != nil {
+		return nil
+	}
+	var again []int
+	var topics []string
+	for _, i := range idx {
+		if errors.Is(errs[i], kerr.UnknownTopicID) {
+			errs[i] = nil
+			again = append(again, i)
+			if !slices.Contains(topics, msgs[i].Topic) {
+				topics = append(topics, msgs[i].Topic)
+			}
+		}
+	}
+	if len(again) == 0 {
+		return nil
+	}
+	p.log.Warn("Kafka topic has a new id at the broker (deleted and recreated, or the broker was replaced and lost its state); forgetting the old id and sending its records again",
+		"topics", topics, "records", len(again))
+	p.client.PurgeTopicsFromClient(topics...)
+	p.limits.forget(topics)
+	return notBehindFailure(msgs, idx, again, errs)
+}
+
+// noteOutcome records whether the records of idx went through, for Ready:
+// any error a retry may fix marks the publisher failing; a publish with
+// every record acknowledged clears it.
+func (p *Publisher) noteOutcome(ctx context.Context, idx []int, errs []error) {
+	if len(idx) == 0 || ctx.Err() != nil {
+		return
+	}
+	var transient error
+	for _, i := range idx {
+		if err := errs[i]; err != nil && !relay.IsPermanent(err) && !errors.Is(err, errNotSent) {
+			transient = err
+			break
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case transient == nil:
+		p.failing = nil
+	case p.failing == nil:
+		p.failing, p.failingSince = transient, time.Now()
+	default:
+		p.failing = transient
+	}
+}
+
+// Ready returns nil when the publisher can produce: its last publish did
+// not end in an error a retry may fix (the broker unreachable, a request
+// timed out, a topic the client cannot produce to), and the broker answers
+// a ping. It is what the relay's /readyz asks the broker, so that a broker
+// that answers metadata requests but takes no records does not pass.
+func (p *Publisher) Ready(ctx context.Context) error {
+	p.mu.Lock()
+	failing, since := p.failing, p.failingSince
+	p.mu.Unlock()
+	if failing != nil {
+		return fmt.Errorf("publishing has failed since %s (%s): %w", since.UTC().Format(time.RFC3339), time.Since(since).Round(time.Second), failing)
+	}
+	return p.client.Ping(ctx)
 }
 
 // send produces the records of msgs at idx (ascending), waits for them and
