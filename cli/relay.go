@@ -71,7 +71,7 @@ Replicas elect one reader; the others take over within
 	f.StringVar(&o.cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
 	f.IntVar(&o.cfg.BatchSize, "batch-size", relay.DefaultBatchSize, "most rows per claim (see also --max-batch-bytes)")
 	durationVar(f, &o.cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often an idle relayer looks for rows without a notification")
-	f.IntVar(&o.cfg.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most bytes one batch holds in memory: payload and headers as sent (JSON text, not as Postgres stores them compressed) and type; a single larger row goes alone")
+	f.IntVar(&o.cfg.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most bytes one batch holds in memory: payload, headers and type as the relay receives and sends them (not as Postgres stores them, compressed); a single larger row goes alone")
 	durationVar(f, &o.cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&o.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
 	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
