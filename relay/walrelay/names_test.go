@@ -205,3 +205,38 @@ func TestUpgradedRelayKeepsTheSlotOfTheOldDefaultName(t *testing.T) {
 	recs := kafkatest.Read(t, b.broker.Addr(), 30*time.Second, kafkatest.AtLeast(len(ids)), "order")
 	checkOrder(t, recs, ids)
 }
+
+// A publication of this outbox's table that streams only some of its rows
+// (a WHERE clause) or columns (a column list) is not this outbox's: the
+// rows it leaves out would never be read while the slot moved past them.
+// The relay refuses it before it streams, so nothing is confirmed.
+func TestRelayRefusesAFilteredPublicationOfItsTable(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	ctx := context.Background()
+	var version int
+	require.NoError(t, a.db.Pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version))
+	if version < 150000 {
+		t.Skip("row filters and column lists came with Postgres 15")
+	}
+	for name, spec := range map[string]string{
+		"rows":    `WHERE (type <> 'order.refunded')`,
+		"columns": `(id, aggregate_id, type, payload)`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			pub := "filtered_" + name + "_" + a.slot[len(a.slot)-8:]
+			_, err := a.db.Pool.Exec(ctx, "CREATE PUBLICATION "+pub+" FOR TABLE "+a.db.Tables.OutboxIdent()+" "+spec+" WITH (publish = 'insert')")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = walrelay.Teardown(context.Background(), a.db.Pool, pub, pub) })
+			r := a.relayer(t, func(cfg *walrelay.Config) { cfg.Slot, cfg.Publication = pub, pub })
+			rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			err = r.Run(rctx)
+			require.ErrorIs(t, err, walrelay.ErrNotThisOutbox)
+			require.ErrorContains(t, err, "publication "+pub+" publishes ")
+			var slots int
+			require.NoError(t, a.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, pub).Scan(&slots))
+			require.Zero(t, slots, "no slot created, nothing confirmed")
+		})
+	}
+}

@@ -258,6 +258,26 @@ func checkPublication(ctx context.Context, db Querier, t outbox.Tables, publicat
 	case !inserts:
 		return fmt.Errorf("%w: publication %s does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert'), or give this outbox its own publication", ErrNotThisOutbox, publication, publication)
 	}
+	var version int
+	if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return fmt.Errorf("walrelay: read the server's version: %w", err)
+	}
+	if version < 150000 {
+		return nil // no row filters or column lists before Postgres 15
+	}
+	var rows, cols bool
+	if err := db.QueryRow(ctx, publicationFilterSQL, publication, t.OutboxIdent()).Scan(&rows, &cols); err != nil {
+		return fmt.Errorf("walrelay: read the row filter and column list of publication %s: %w", publication, err)
+	}
+	// The rows a filter leaves out are never streamed, yet the slot is
+	// confirmed past them: events lost without a sound. A column list
+	// leaves out columns an event needs, or its headers.
+	switch {
+	case rows:
+		return fmt.Errorf("%w: publication %s publishes only the rows of %s that its WHERE clause passes, so the others would be skipped as the slot moves past them: ALTER PUBLICATION %s SET TABLE %s (no WHERE), or give this outbox its own publication", ErrNotThisOutbox, publication, t.OutboxIdent(), publication, t.OutboxIdent())
+	case cols:
+		return fmt.Errorf("%w: publication %s publishes a column list of %s, not every column an event needs: ALTER PUBLICATION %s SET TABLE %s (no column list), or give this outbox its own publication", ErrNotThisOutbox, publication, t.OutboxIdent(), publication, t.OutboxIdent())
+	}
 	return nil
 }
 

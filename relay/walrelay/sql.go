@@ -49,6 +49,13 @@ const publicationTablesSQL = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE 
   coalesce((SELECT pubinsert FROM pg_publication WHERE pubname = $1), false),
   coalesce((SELECT array_agg(schemaname::text || '.' || tablename::text ORDER BY 1) FROM pg_publication_tables WHERE pubname = $1), '{}')`
 
+// publicationFilterSQL reads whether publication $1 publishes only some
+// rows (a WHERE clause) or some columns (a column list) of the table $2:
+// Postgres 15 and later have both (pg_publication_rel.prqual, prattrs).
+const publicationFilterSQL = `SELECT coalesce(bool_or(pr.prqual IS NOT NULL), false), coalesce(bool_or(pr.prattrs IS NOT NULL), false)
+  FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+  WHERE p.pubname = $1 AND pr.prrelid = $2::regclass`
+
 // slotHomeSQL reads a slot's database and plugin, and this session's
 // database.
 const slotHomeSQL = `SELECT coalesce(database::text, ''), plugin::text, current_database()::text FROM pg_replication_slots WHERE slot_name = $1`
@@ -63,7 +70,7 @@ const streamHolderSQL = `SELECT coalesce((SELECT application_name FROM pg_stat_a
 
 var _ = sqltext.Register("walrelay", map[string]string{
 	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
-	"emitMessageACLSQL": emitMessageACLSQL, "publicationTablesSQL": publicationTablesSQL, "slotHomeSQL": slotHomeSQL, "legacySQL": legacySQL, "emitMessageFuncsSQL": emitMessageFuncsSQL,
+	"emitMessageACLSQL": emitMessageACLSQL, "publicationTablesSQL": publicationTablesSQL, "publicationFilterSQL": publicationFilterSQL, "slotHomeSQL": slotHomeSQL, "legacySQL": legacySQL, "emitMessageFuncsSQL": emitMessageFuncsSQL,
 })
 
 func render(sql string, t outbox.Tables) string {
