@@ -171,13 +171,19 @@ func tracingEndpointCheck(getenv func(string) string) error {
 	return nil
 }
 
-// userinfo is the credentials part of a URL, as scheme://user:password@.
-var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s"']*@`)
+// userinfo is the credentials part of a URL, as scheme://user:password@;
+// urlQuery the query and fragment of a URL, where collectors' API keys
+// often travel (?api_key=...).
+var (
+	userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s"']*@`)
+	urlQuery = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^?#\s"']*)[?#][^\s"']*`)
+)
 
-// redactURLs replaces the credentials of every URL in s, parsable or not,
-// with xxxxx.
+// redactURLs replaces the credentials, the query and the fragment of every
+// URL in s, parsable or not, with xxxxx.
 func redactURLs(s string) string {
-	return userinfo.ReplaceAllString(s, "${1}xxxxx@")
+	s = userinfo.ReplaceAllString(s, "${1}xxxxx@")
+	return urlQuery.ReplaceAllString(s, "${1}?xxxxx")
 }
 
 // otelLogSink is the OpenTelemetry SDK's global logger: its errors and
@@ -228,5 +234,5 @@ func tracingEndpoint(getenv func(string) string) string {
 	if err != nil {
 		return "(unparsable)"
 	}
-	return u.Redacted()
+	return redactURLs(u.Redacted())
 }

@@ -214,6 +214,8 @@ func TestTracingNeverPrintsCredentials(t *testing.T) {
 			[]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://u:" + secret + "@127.0.0.1:1/v1/traces"}},
 		{"endpoint without scheme", "OTEL_EXPORTER_OTLP_ENDPOINT=collector:4318 is not an http:// or https:// URL", 1,
 			[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=collector:4318"}},
+		{"endpoint with a key in its query", "endpoint=http://127.0.0.1:1/v1?xxxxx", 0,
+			[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1/v1?api_key=" + secret + "#x"}},
 		{"malformed headers", "OpenTelemetry: parse headers", 0,
 			[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_HEADERS=Authorization Bearer " + secret}},
 	} {
