@@ -62,6 +62,7 @@ type Consumer struct {
 	mu          sync.Mutex
 	uncommitted map[string]map[int32]*kgo.Record // last done record per partition, not yet committed
 	crashed     error                            // set when BeforeCommit stopped the consumer
+	held        []string                         // recreated topics whose offsets are not committed (holdOffsets)
 
 	records, deadLettered, deadLetterDropped, malformed, retries atomic.Int64
 }

@@ -24,8 +24,13 @@
 // processed table refuses (ErrInvalidEvent). Only a database or broker that
 // is down is waited out without limit. A topic deleted and recreated (or a
 // broker replaced by one that lost its state) has a new id, which franz-go
-// refuses until the topic is purged: the Consumer purges it, subscribes
-// again and reads the new topic from its committed offsets, or its start. A dead-lettered event is not
+// refuses until the topic is purged: the Consumer purges it, commits the
+// first offset of each of the new topic's partitions, so that no offset
+// committed for the old topic (Kafka before 4.2 takes commits by topic
+// name) skips the new topic's first records, and reads the new topic from
+// its start; events another member already processed are skipped as
+// duplicates. The old topic's records that come with the new id's first
+// error are processed, and their offsets never committed. A dead-lettered event is not
 // recorded as processed: replayed to its topic once the cause is fixed, it
 // is processed then. Offsets move past a dead-lettered record only after
 // the broker acknowledged its dead-letter copy. When the broker refuses

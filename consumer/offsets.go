@@ -16,12 +16,27 @@ import (
 func (c *Consumer) markDone(r *kgo.Record) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if slices.Contains(c.held, r.Topic) {
+		return
+	}
 	ps := c.uncommitted[r.Topic]
 	if ps == nil {
 		ps = map[int32]*kgo.Record{}
 		c.uncommitted[r.Topic] = ps
 	}
 	ps[r.Partition] = r
+}
+
+// holdOffsets drops the done offsets of topics not yet committed, and
+// commits none of theirs until the next holdOffsets: the topics were
+// recreated, and their offsets are of the old topic.
+func (c *Consumer) holdOffsets(topics []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range topics {
+		delete(c.uncommitted, t)
+	}
+	c.held = topics
 }
 
 // commit commits the done offsets of the given partitions (all when
@@ -108,6 +123,17 @@ func (c *Consumer) forget(partitions map[string][]int32) {
 			delete(c.uncommitted[topic], p)
 		}
 	}
+}
+
+func formatEpochOffsets(offsets map[string]map[int32]kgo.EpochOffset) string {
+	plain := map[string]map[int32]int64{}
+	for topic, ps := range offsets {
+		plain[topic] = map[int32]int64{}
+		for p, o := range ps {
+			plain[topic][p] = o.Offset
+		}
+	}
+	return formatOffsets(plain)
 }
 
 func formatOffsets(offsets map[string]map[int32]int64) string {

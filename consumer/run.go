@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
 )
@@ -82,20 +85,31 @@ func (c *Consumer) consume(ctx, work context.Context, cl *kgo.Client) error {
 			return nil
 		}
 		errored := false
-		var recreated []string
+		recreated := map[string][16]byte{} // topic: the id it was fetched under, if known
+		fetches.EachTopic(func(t kgo.FetchTopic) {
+			for _, p := range t.Partitions {
+				if errors.Is(p.Err, kerr.UnknownTopicID) && c.mayFollow(t.Topic) {
+					if id := recreated[t.Topic]; id == ([16]byte{}) {
+						recreated[t.Topic] = t.TopicID
+					}
+				}
+			}
+		})
 		fetches.EachError(func(topic string, partition int32, err error) {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
-			if errors.Is(err, kerr.UnknownTopicID) && c.mayFollow(topic) {
-				if !slices.Contains(recreated, topic) {
-					recreated = append(recreated, topic)
-				}
+			if _, ok := recreated[topic]; ok && errors.Is(err, kerr.UnknownTopicID) {
 				return
 			}
 			errored = true
 			c.log.Warn("kafka fetch failed; retrying", "topic", topic, "partition", partition, "err", err)
 		})
+		// Records that came with UNKNOWN_TOPIC_ID for their topic are of
+		// the old topic: they are processed, but their offsets are never
+		// committed, since on Kafka before 4.2 a commit goes by topic name
+		// and would land on the new topic.
+		c.holdOffsets(slices.Collect(maps.Keys(recreated)))
 		if fetches.NumRecords() > 0 {
 			if err := c.poll(ctx, work, fetches); err != nil {
 				return err
@@ -103,7 +117,7 @@ func (c *Consumer) consume(ctx, work context.Context, cl *kgo.Client) error {
 		}
 		cl.AllowRebalance()
 		if len(recreated) > 0 {
-			c.follow(cl, recreated)
+			c.follow(ctx, cl, recreated)
 		}
 		if fetches.NumRecords() == 0 && errored && !backoff.Sleep(ctx, c.cfg.BackoffMin) {
 			return nil
@@ -127,22 +141,78 @@ func (c *Consumer) mayFollow(topic string) bool {
 // fetch of a deleted and recreated topic (or of a broker replaced by one
 // that lost its state) with UNKNOWN_TOPIC_ID until the topic is purged and
 // added back. The done offsets not yet committed are of the old topic and
-// are dropped first: the purge's rebalance would commit them to the new
-// one, which starts over from its committed offsets (or its start).
-func (c *Consumer) follow(cl *kgo.Client, topics []string) {
-	c.log.Warn("Kafka topic has a new id at the broker (deleted and recreated, or the broker was replaced and lost its state); consuming it again from its committed offsets, or its start",
+// were dropped (holdOffsets): the purge's rebalance would commit them to
+// the new one. A topic whose id changed starts over from its first offset
+// (restart), whatever the group committed for it.
+func (c *Consumer) follow(ctx context.Context, cl *kgo.Client, recreated map[string][16]byte) {
+	topics := slices.Sorted(maps.Keys(recreated))
+	c.log.Warn("Kafka topic has a new id at the broker (deleted and recreated, or the broker was replaced and lost its state); consuming it again from its start",
 		"topics", topics)
 	if c.followed == nil {
 		c.followed = map[string]time.Time{}
 	}
-	c.mu.Lock()
 	for _, t := range topics {
-		delete(c.uncommitted, t)
 		c.followed[t] = time.Now()
 	}
-	c.mu.Unlock()
 	cl.PurgeTopicsFromClient(topics...)
+	c.restart(ctx, cl, recreated)
+	c.holdOffsets(nil)
 	cl.AddConsumeTopics(topics...)
+}
+
+// restart commits the first offset of every partition of the topics whose
+// id changed, before they are consumed again. Until the client learns the
+// new id, it commits the offsets of the old topic's records by topic name
+// (Kafka before 4.2 takes them so), and they land on the new topic, whose
+// first records the consumer would then skip. Reading the new topic from
+// its start instead only reads again what another member of the group may
+// have processed already: those events are skipped as duplicates. A topic
+// the broker still gives the id it was fetched under (a broker that had
+// not caught up) keeps its committed offsets.
+func (c *Consumer) restart(ctx context.Context, cl *kgo.Client, recreated map[string][16]byte) {
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	details, err := kadm.NewClient(cl).ListTopics(rctx, slices.Sorted(maps.Keys(recreated))...)
+	if err == nil {
+		err = details.Error()
+	}
+	if err != nil {
+		c.log.Warn("cannot read the new topic's partitions; it is consumed from its committed offsets, which may be the old topic's and skip its first records",
+			"topics", slices.Sorted(maps.Keys(recreated)), "err", err)
+		return
+	}
+	offsets := map[string]map[int32]kgo.EpochOffset{}
+	for topic, d := range details {
+		if old := recreated[topic]; old != ([16]byte{}) && old == [16]byte(d.ID) {
+			c.log.Info("Kafka topic kept its id at the broker; consuming it from its committed offsets", "topic", topic)
+			continue
+		}
+		offsets[topic] = map[int32]kgo.EpochOffset{}
+		for p := range d.Partitions {
+			offsets[topic][p] = kgo.EpochOffset{Epoch: -1, Offset: 0}
+		}
+	}
+	if len(offsets) == 0 {
+		return
+	}
+	cl.CommitOffsetsSync(rctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err == nil {
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					if err = kerr.ErrorForCode(p.ErrorCode); err != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
+			c.log.Warn("cannot reset the new topic's committed offsets to its start; it is consumed from its committed offsets, which may be the old topic's and skip its first records",
+				"offsets", formatEpochOffsets(offsets), "err", err)
+		}
+	})
 }
 
 // leave leaves the group and closes cl. A failure to leave is logged
