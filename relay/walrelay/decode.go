@@ -139,11 +139,11 @@ type wireEvent struct {
 	Type        string          `json:"type"`
 	Payload     json.RawMessage `json:"payload"`
 	Headers     json.RawMessage `json:"headers"`
-	CreatedAt   *time.Time      `json:"created_at"`
 }
 
 // messageItem decodes an event's logical message. An event without an id
-// cannot be published, nor parked: it is returned as an error.
+// cannot be published, nor parked: it is returned as an error. Its time is
+// the commit's: a created_at in the message is the writer's, not taken.
 func messageItem(content []byte, committed time.Time, prefix string) (item, error) {
 	var ev wireEvent
 	var it item
@@ -154,9 +154,6 @@ func messageItem(content []byte, committed time.Time, prefix string) (item, erro
 		return it, fmt.Errorf("walrelay: a logical message of the outbox is not an event (%s): %s", err, clip.Text(string(content), 200))
 	}
 	it.msg = relay.Message{ID: ev.ID, AggregateID: ev.AggregateID, Type: ev.Type, Payload: ev.Payload, CreatedAt: committed}
-	if ev.CreatedAt != nil {
-		it.msg.CreatedAt = *ev.CreatedAt
-	}
 	if len(ev.Headers) > 0 {
 		it.rawHeaders = ev.Headers
 	}
