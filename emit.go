@@ -107,7 +107,6 @@ type Producer struct {
 	// inserts.
 	oneSQL, batchSQL       [2]string
 	deleteOne, deleteBatch string
-	prefix                 string // ModeMessage's
 
 	epoch      time.Time
 	lastNotify atomic.Int64 // nanoseconds since epoch, 0 before the first
@@ -172,7 +171,6 @@ func NewProducer(cfg Config) (*Producer, error) {
 	case ModeMessage:
 		p.oneSQL[0] = sqltext.Render(messageOneSQL, ids)
 		p.batchSQL[0] = sqltext.Render(messageBatchSQL, ids)
-		p.prefix = cfg.Tables.MessagePrefix()
 	}
 	return p, nil
 }
@@ -297,7 +295,7 @@ func (p *Producer) prepareOne(ctx context.Context, ev Event) (string, []any, err
 	}
 	args := []any{ev.AggregateID.String(), ev.Type, string(payload), hdr}
 	if p.cfg.Mode == ModeMessage {
-		return p.oneSQL[0], append(args, p.prefix), nil
+		return p.oneSQL[0], args, nil
 	}
 	if !p.cfg.DisableAggregateLock {
 		args = append(args, p.lockNS, p.lockKey(ev.AggregateID))
@@ -477,9 +475,9 @@ func (p *Producer) prepare(ctx context.Context, events []Event, text bool) (stri
 	}
 	if p.cfg.Mode == ModeMessage {
 		if text {
-			return p.batchSQL[0], []any{textArrayLiteral(aggs), textArrayLiteral(types), textArrayLiteral(payloads), textArrayLiteral(headers), p.prefix}, nil
+			return p.batchSQL[0], []any{textArrayLiteral(aggs), textArrayLiteral(types), textArrayLiteral(payloads), textArrayLiteral(headers)}, nil
 		}
-		return p.batchSQL[0], []any{aggs, types, payloads, headers, p.prefix}, nil
+		return p.batchSQL[0], []any{aggs, types, payloads, headers}, nil
 	}
 	args := []any{p.lockNS, keys, aggs, types, payloads, headers}
 	if text {

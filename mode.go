@@ -35,14 +35,17 @@ const (
 	ModeInsertDelete
 	// ModeMessage writes no row: each event is a transactional logical
 	// decoding message (pg_logical_emit_message(true, ...), prefix
-	// Tables.MessagePrefix) that exists iff the transaction commits. Its
-	// id is drawn from the outbox's id sequence, so it is unique among
-	// rows' ids too. No table, index or vacuum is involved: only WAL.
-	// The WAL source publishes them only with message-mode events on
-	// (`outbox relay --mode wal --messages`, walrelay.Config.Messages),
-	// which takes pg_logical_emit_message revoked from PUBLIC (any role
-	// could write events otherwise) and granted to the producers' role,
-	// which also needs INSERT on the outbox table.
+	// Tables.MessagePrefix) that exists iff the transaction commits,
+	// written by the outbox's <outbox>_emit_message function (migration
+	// 7), which draws its id from the outbox's id sequence, so it is
+	// unique among rows' ids too and never the producer's choice. No
+	// table, index or vacuum is involved: only WAL. The producers' role
+	// needs EXECUTE on that function only. The WAL source publishes them
+	// only with message-mode events on (`outbox relay --mode wal
+	// --messages`, walrelay.Config.Messages), which takes
+	// pg_logical_emit_message revoked from PUBLIC, per database, and from
+	// every role but superusers, the relay's and the function's owner
+	// (any of them could write events with ids of their choosing).
 	ModeMessage
 )
 

@@ -90,26 +90,20 @@ const (
 )
 
 // ModeMessage writes one transactional logical message per event, whose
-// content walrelay decodes (walrelay.MessagePrefix documents it). The id
-// comes from the outbox's sequence, so that it never equals a row's. The
-// batch draws ids and writes messages in input order: a nested loop over
-// the ordered subquery, one message per row, so the WAL holds them (and
-// the WAL source publishes them) in that order. Parameters: $1 aggregate,
-// $2 type, $3 payload, $4 headers ("" for none), as arrays for the batch,
-// then $5 the prefix.
+// content walrelay decodes (walrelay.MessagePrefix documents it), through
+// <outbox>_emit_message (migration 7): it draws the id from the outbox's
+// sequence, so that it never equals a row's and no producer chooses it.
+// The batch calls it in input order (a volatile call in the select list
+// runs after the sort), so ids ascend with the input and the WAL holds the
+// messages (and the WAL source publishes them) in that order. Parameters:
+// $1 aggregate, $2 type, $3 payload, $4 headers ("" for none), as arrays
+// for the batch.
 const (
-	messageOneSQL = `SELECT e.id FROM (SELECT nextval('{{id_seq}}') AS id) e,
-LATERAL pg_logical_emit_message(true, $5::text, json_build_object('id', e.id, 'aggregate_id', $1::uuid, 'type', $2::text,
-  'payload', $3::text::jsonb, 'headers', NULLIF($4::text, '')::jsonb)::text) m`
+	messageOneSQL = `SELECT {{emit_message_fn}}($1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb)`
 
-	messageBatchSQL = `SELECT s.id FROM (
-  SELECT nextval('{{id_seq}}') AS id, e.aggregate_id, e.type, e.payload, e.headers, e.ord
-  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, ord)
-  ORDER BY e.ord
-) s,
-LATERAL pg_logical_emit_message(true, $5::text, json_build_object('id', s.id, 'aggregate_id', s.aggregate_id, 'type', s.type,
-  'payload', s.payload::jsonb, 'headers', NULLIF(s.headers, '')::jsonb)::text) m
-ORDER BY s.ord`
+	messageBatchSQL = `SELECT {{emit_message_fn}}(e.aggregate_id, e.type, e.payload::jsonb, NULLIF(e.headers, '')::jsonb)
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, ord)
+ORDER BY e.ord`
 )
 
 var _ = sqltext.Register("outbox", map[string]string{

@@ -6,11 +6,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
 // --messages belongs to --mode wal; with --setup-only it revokes
 // pg_logical_emit_message from PUBLIC (the tests' role is a superuser),
-// which the relay with --messages requires, and says what to grant back.
+// which the relay with --messages requires, and says what to grant: the
+// producers the emit function, pg_logical_emit_message only the relay.
 func TestSetupOnlyMessagesRevokesEmitMessageFromPublic(t *testing.T) {
 	t.Parallel()
 	var out, errOut strings.Builder
@@ -30,6 +33,7 @@ func TestSetupOnlyMessagesRevokesEmitMessageFromPublic(t *testing.T) {
 	require.Zero(t, code, stderr)
 	require.Contains(t, stdout, "message-mode events: ran REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean,text,bytea) FROM PUBLIC; REVOKE EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean,text,text) FROM PUBLIC;")
 	require.Contains(t, stdout, "GRANT EXECUTE ON FUNCTION pg_catalog.pg_logical_emit_message(boolean,text,bytea), pg_catalog.pg_logical_emit_message(boolean,text,text) TO <role>;")
+	require.Contains(t, stdout, "GRANT EXECUTE ON FUNCTION "+walrelay.EmitMessageFunc(db.Tables)+" TO <producers' role>;")
 	require.Contains(t, stdout, "outbox relay --mode wal --messages")
 	require.NotContains(t, stdout, "would refuse to start")
 	require.False(t, publicCan())

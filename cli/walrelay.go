@@ -166,8 +166,9 @@ func printSecureMessages(ctx context.Context, g *globals, pool *pgxpool.Pool, t 
 		return
 	}
 	fmt.Fprintf(g.stdout, "message-mode events: ran %s\n", strings.Join(stmts, " "))
+	fmt.Fprintf(g.stdout, "producers write message-mode events through a function that draws their ids; grant them: GRANT EXECUTE ON FUNCTION %s TO <producers' role>;\n", walrelay.EmitMessageFunc(t))
 	if grant, err := walrelay.GrantMessagesSQL(ctx, pool, "<role>"); err == nil {
-		fmt.Fprintf(g.stdout, "grant it back to the producers' role (and to the relay's, for its heartbeats, unless it is a superuser): %s\n", grant)
+		fmt.Fprintf(g.stdout, "grant it back only to the relay's role (for its heartbeats) and to that function's owner, unless they are superusers: %s\n", grant)
 	}
 	if err := walrelay.CheckMessages(ctx, pool, t); err != nil {
 		fmt.Fprintf(g.stdout, "the relay with --messages would refuse to start: %v\n", err)

@@ -315,3 +315,46 @@ func TestReadmeShowsTheProducerSnippets(t *testing.T) {
 		require.True(t, strings.Contains(string(readme), string(snippet)), "README.md should show examples/producers/%s as it is", f)
 	}
 }
+
+// <outbox>_emit_message (migration 7) refuses what the relay could not
+// publish, before drawing an id, and otherwise draws the event's id from
+// the outbox's sequence: the writer has no say in it.
+func TestEmitMessageFunctionRefusesWhatTheRelayCannotPublish(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	fn := `"` + db.Tables.Schema + `"."` + db.Tables.Outbox + `_emit_message"`
+	agg := uuid.New()
+	cases := map[string]struct {
+		agg           uuid.UUID
+		typ, payload  any
+		headers       any
+		code, message string
+	}{
+		"nil aggregate":   {uuid.Nil, "order.placed", "{}", nil, "22023", "aggregate id is the nil UUID"},
+		"empty type":      {agg, "", "{}", nil, "22023", "names no valid Kafka topic"},
+		"bad topic char":  {agg, "order placed", "{}", nil, "22023", "names no valid Kafka topic"},
+		"long topic":      {agg, strings.Repeat("x", 250), "{}", nil, "22023", "names no valid Kafka topic"},
+		"headers array":   {agg, "order.placed", "{}", `["a"]`, "22023", "headers are a JSON array, not an object"},
+		"number header":   {agg, "order.placed", "{}", `{"retries": 3}`, "22023", "header 'retries' is empty, is not a string"},
+		"reserved header": {agg, "order.placed", "{}", `{"event_id": "1"}`, "22023", "header 'event_id' is empty, is not a string or is set by the relayer"},
+		"null payload":    {agg, "order.placed", nil, nil, "22004", "must not be NULL"},
+	}
+	for name, c := range cases {
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, "SELECT "+fn+"($1, $2, $3::jsonb, $4::jsonb)", c.agg, c.typ, c.payload, c.headers).Scan(new(int64))
+		})
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: %v", name, err)
+		require.Equal(t, c.code, pgErr.Code, name)
+		require.Contains(t, pgErr.Message, c.message, name)
+		require.NotEmpty(t, pgErr.Hint, name)
+	}
+	var id, next int64
+	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "SELECT "+fn+"($1, 'order.placed', '{\"id\": 99}', '{\"trace\": \"x\"}')", agg).Scan(&id)
+	}))
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT nextval($1::regclass)", `"`+db.Tables.Schema+`"."`+db.Tables.Outbox+`_id_seq"`).Scan(&next))
+	require.Equal(t, int64(1), id, "no refusal drew an id; the first event drew the sequence's first")
+	require.Equal(t, id+1, next)
+}

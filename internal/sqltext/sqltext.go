@@ -50,6 +50,12 @@ type Idents struct {
 	// IDDrawnFn (migration 7) tells the guard whether an inserted row's id
 	// is the one this session's sequence just drew.
 	IDDrawnFn string // {{id_drawn_fn}}: <schema>.<outbox>_id_drawn
+	// EmitMessageFn (migration 7) writes a message-mode event: the only
+	// way producers write one, so that its id is drawn, not chosen.
+	EmitMessageFn string // {{emit_message_fn}}: <schema>.<outbox>_emit_message
+	// MessagePrefix is the prefix of the outbox's logical messages
+	// (outbox.Tables.MessagePrefix), a string literal.
+	MessagePrefix string // {{message_prefix}}
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -75,6 +81,8 @@ func For(schema, outbox, processed string) Idents {
 		GuardTrigger:   pgident.Quote(trim(outbox + "_guard")),
 		IDSeq:          q(outbox + "_id_seq"),
 		IDDrawnFn:      q(outbox + "_id_drawn"),
+		EmitMessageFn:  q(outbox + "_emit_message"),
+		MessagePrefix:  "'" + strings.ReplaceAll("outbox:"+schema+"."+outbox, "'", "''") + "'",
 	}
 }
 
@@ -119,6 +127,10 @@ func (ids Idents) lookup(name string) string {
 		return ids.IDSeq
 	case "id_drawn_fn":
 		return ids.IDDrawnFn
+	case "emit_message_fn":
+		return ids.EmitMessageFn
+	case "message_prefix":
+		return ids.MessagePrefix
 	}
 	return ""
 }
@@ -142,7 +154,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)

@@ -1,6 +1,8 @@
 -- Back to migration 6's guard: any INSERT may choose its own id, and a row
 -- with requeued_at set skips every check. The id function goes last: the
 -- trigger's WHEN calls it until the trigger is replaced.
+DROP FUNCTION IF EXISTS {{emit_message_fn}}(uuid, text, jsonb, jsonb);
+
 CREATE OR REPLACE FUNCTION {{guard_fn}}()
 RETURNS trigger
 LANGUAGE plpgsql

@@ -26,8 +26,8 @@
 -- write OVERRIDING SYSTEM VALUE (checked on Postgres 15: the identity
 -- column then takes the id), and the identity error's hint recommends
 -- exactly that. Converting the column would also replace the sequence
--- that producers hold USAGE on. ModeMessage and the WAL source's message
--- decoder draw ids from that sequence by name.
+-- that producers hold USAGE on. ModeMessage's function (below) draws ids
+-- from that sequence by name.
 --
 -- The operator's bypass. `outbox events unpark` puts a parked row back
 -- whole: under its old id, possibly one that breaks a rule (written before
@@ -147,3 +147,77 @@ EXECUTE FUNCTION {{guard_fn}}();
 
 COMMENT ON TRIGGER {{guard_trigger}} ON {{outbox}} IS
   'outbox: refuse a plain INSERT that chooses its own id (SQLSTATE 428C9) or of a row the relayer could never publish (SQLSTATE 23514): bad headers (<outbox>_headers_shape) or a type naming no valid topic (<outbox>_type_topic)';
+
+-- <outbox>_emit_message: a message-mode event (outbox.ModeMessage), the
+-- one way producers write one. The WAL source with message-mode events on
+-- publishes the id a logical message carries, so whoever could write the
+-- message itself (pg_logical_emit_message) could choose that id. This
+-- function runs as its owner (SECURITY DEFINER): a producer needs EXECUTE
+-- on it alone, neither on pg_logical_emit_message nor INSERT on the
+-- outbox, and it draws the id from the outbox's sequence itself. Call it
+-- inside the transaction that makes the business writes (the message
+-- exists iff that commits):
+--
+--   SELECT events_outbox_emit_message('6ba7b810-9dad-11d1-80b4-00c04fd430c8',
+--                                     'order.placed', '{"total": 42}', '{"trace": "x"}');
+--
+-- It refuses, with SQLSTATE 22023 (22004 for a NULL argument), what the
+-- relay could not publish, as the guard does for a row: a nil aggregate,
+-- a type naming no valid topic, headers not an object of string values or
+-- naming one the relayer sets. The record's size is Go's Emit's to check
+-- (against its Config.MaxRecordBytes), as it is for a plain INSERT. The
+-- message carries no created_at: the relay uses the commit time.
+--
+-- Nobody may call it until granted (REVOKE below):
+--   GRANT EXECUTE ON FUNCTION events_outbox_emit_message(uuid, text, jsonb, jsonb) TO <producers>;
+-- Its owner (the role that ran this migration) needs EXECUTE on
+-- pg_logical_emit_message: superusers have it; once it is revoked from
+-- PUBLIC, grant it to a non-superuser owner.
+CREATE OR REPLACE FUNCTION {{emit_message_fn}}(aggregate_id uuid, type text, payload jsonb, headers jsonb DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+VOLATILE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+  topic text := split_part(type, '.', 1);
+  bad   text;
+  id    bigint;
+BEGIN
+  IF aggregate_id IS NULL OR type IS NULL OR payload IS NULL THEN
+    RAISE EXCEPTION 'outbox: aggregate_id, type and payload must not be NULL'
+      USING ERRCODE = '22004', HINT = 'headers may be NULL; pass ''{}''::jsonb for an empty payload';
+  END IF;
+  IF aggregate_id = '00000000-0000-0000-0000-000000000000' THEN
+    RAISE EXCEPTION 'outbox: aggregate id is the nil UUID (type %)', quote_literal(left(type, 64))
+      USING ERRCODE = '22023', HINT = 'pass the id of the entity the event is about';
+  END IF;
+  IF topic = '' OR octet_length(topic) > 249 OR topic !~ '^[a-zA-Z0-9_-]+$' THEN
+    RAISE EXCEPTION 'outbox: event type % names no valid Kafka topic (%)', quote_literal(left(type, 64)), quote_literal(left(topic, 64))
+      USING ERRCODE = '22023', HINT = 'name the event "topic.event", e.g. ''order.placed'': the part before the first ''.'' is the topic, 1-249 letters, digits, ''_'' or ''-''';
+  END IF;
+  IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'null' THEN
+    IF jsonb_typeof(headers) <> 'object' THEN
+      RAISE EXCEPTION 'outbox: headers are a JSON %, not an object (type %)', jsonb_typeof(headers), quote_literal(left(type, 64))
+        USING ERRCODE = '22023', HINT = 'pass NULL or an object of string values, e.g. ''{"trace": "abc"}''';
+    END IF;
+    SELECT k INTO bad FROM jsonb_each(headers) AS e(k, v)
+      WHERE k = '' OR jsonb_typeof(v) <> 'string' OR k IN ('event_id', 'event_type', 'content-type', 'event_source') LIMIT 1;
+    IF FOUND THEN
+      RAISE EXCEPTION 'outbox: header % is empty, is not a string or is set by the relayer (type %)', quote_literal(left(bad, 64)), quote_literal(left(type, 64))
+        USING ERRCODE = '22023', HINT = 'header names are non-empty, values are JSON strings, and event_id, event_type, content-type and event_source are reserved';
+    END IF;
+  END IF;
+
+  id := nextval('{{id_seq}}'::regclass);
+  PERFORM pg_logical_emit_message(true, {{message_prefix}}, json_build_object('id', id,
+    'aggregate_id', aggregate_id, 'type', type, 'payload', payload, 'headers', headers)::text);
+  RETURN id;
+END
+$fn$;
+
+REVOKE EXECUTE ON FUNCTION {{emit_message_fn}}(uuid, text, jsonb, jsonb) FROM PUBLIC;
+
+COMMENT ON FUNCTION {{emit_message_fn}}(uuid, text, jsonb, jsonb) IS
+  'outbox: write one message-mode event (a transactional logical message) within the caller''s transaction, its id drawn from the outbox''s sequence; returns the id. Runs as its owner: grant producers EXECUTE on it, not on pg_logical_emit_message';

@@ -62,10 +62,12 @@ type Config struct {
 	// outbox.ModeMessage: transactional logical messages with the
 	// outbox's prefix (MessagePrefix). Postgres lets PUBLIC execute
 	// pg_logical_emit_message, so that any role could write such a
-	// message; with Messages on, Run refuses to start (ErrMessagesOpen)
-	// while PUBLIC, or a role that may not insert into the outbox table,
-	// can execute it: revoke it from PUBLIC and grant it to the
-	// producers' role (SecureMessages does the revoke). Off, a message
+	// message, with any id; with Messages on, Run refuses to start
+	// (ErrMessagesOpen) while PUBLIC, or any role but superusers, the
+	// relay's and the owner of <outbox>_emit_message, can execute it:
+	// revoke it from PUBLIC (SecureMessages does, in its database) and
+	// grant producers EXECUTE on EmitMessageFunc, which draws the ids
+	// (see the package's Trust). Off, a message
 	// with the outbox's prefix is no event: it is dropped, logged and
 	// counted (Stats.Dropped). A non-transactional message is never an
 	// event, nor is one whose transaction did not commit. Defaults to

@@ -27,22 +27,25 @@ import (
 //	{"id": 42, "aggregate_id": "6ba7b810-...", "type": "order.placed",
 //	 "payload": {...}, "headers": {"trace": "..."}}
 //
-// id is the event's unique id, the event_id header: draw it from the
-// outbox's id sequence (nextval('<schema>.<table>_id_seq')) so that it can
-// never equal a row's. headers is optional (an object of strings, none of
-// the names the relayer sets); so is created_at (RFC 3339; the
-// transaction's commit time otherwise). From SQL:
+// id is the event's unique id, the event_id header, drawn from the
+// outbox's id sequence so that it can never equal a row's. headers is
+// optional (an object of strings, none of the names the relayer sets).
+// The event's time is the transaction's commit time (a created_at field
+// is ignored). The payload is published as the JSON text of its field.
 //
-//	SELECT pg_logical_emit_message(true, 'outbox:public.events_outbox',
-//	  json_build_object('id', nextval('public.events_outbox_id_seq'),
-//	    'aggregate_id', $1::uuid, 'type', $2::text, 'payload', $3::jsonb,
-//	    'headers', $4::jsonb)::text);
+// Producers do not write these messages themselves: they call
+// <outbox>_emit_message (migration 7, EmitMessageFunc), which validates
+// the event, draws its id and writes the message. From SQL, in the
+// transaction that makes the business writes:
 //
-// The payload is published as the JSON text of its field. The producers'
-// role needs EXECUTE on pg_logical_emit_message (revoked from PUBLIC:
-// SecureMessages) and INSERT on the outbox table. A Producer
-// with outbox.ModeMessage writes exactly this; the SQL above is for other
-// producers. It is t.MessagePrefix().
+//	SELECT public.events_outbox_emit_message($1::uuid, $2::text, $3::jsonb, $4::jsonb);
+//
+// The producers' role needs EXECUTE on that function only (GRANT EXECUTE
+// ON FUNCTION public.events_outbox_emit_message(uuid, text, jsonb, jsonb)
+// TO <role>); pg_logical_emit_message stays revoked from it (and from
+// PUBLIC: SecureMessages), or it could choose ids (CheckMessages). A
+// Producer with outbox.ModeMessage calls the function. It is
+// t.MessagePrefix().
 func MessagePrefix(t outbox.Tables) string { return t.MessagePrefix() }
 
 // item is one event read from the WAL on its way to the broker. err is set
@@ -139,11 +142,11 @@ type wireEvent struct {
 	Type        string          `json:"type"`
 	Payload     json.RawMessage `json:"payload"`
 	Headers     json.RawMessage `json:"headers"`
-	CreatedAt   *time.Time      `json:"created_at"`
 }
 
 // messageItem decodes an event's logical message. An event without an id
-// cannot be published, nor parked: it is returned as an error.
+// cannot be published, nor parked: it is returned as an error. Its time is
+// the commit's: a created_at in the message is the writer's, not taken.
 func messageItem(content []byte, committed time.Time, prefix string) (item, error) {
 	var ev wireEvent
 	var it item
@@ -154,9 +157,6 @@ func messageItem(content []byte, committed time.Time, prefix string) (item, erro
 		return it, fmt.Errorf("walrelay: a logical message of the outbox is not an event (%s): %s", err, clip.Text(string(content), 200))
 	}
 	it.msg = relay.Message{ID: ev.ID, AggregateID: ev.AggregateID, Type: ev.Type, Payload: ev.Payload, CreatedAt: committed}
-	if ev.CreatedAt != nil {
-		it.msg.CreatedAt = *ev.CreatedAt
-	}
 	if len(ev.Headers) > 0 {
 		it.rawHeaders = ev.Headers
 	}

@@ -102,13 +102,22 @@
 //
 // # Trust
 //
-// Only what the producers' role commits becomes an event. Any role that
-// can execute pg_logical_emit_message can write a message with any
-// prefix, and Postgres grants it to PUBLIC; so messages with the
-// outbox's prefix are events only with Config.Messages on, and then Run
-// refuses to start (ErrMessagesOpen, saying what to run) while PUBLIC or
-// a login role that may not insert into the outbox can execute it
-// (CheckMessages; SecureMessages revokes it from PUBLIC). A
+// Only what the producers' role commits becomes an event, and ids belong
+// to the outbox (its sequence), never to the writer. Any role that can
+// execute pg_logical_emit_message can write a message with any prefix and
+// any id in it, and Postgres grants it to PUBLIC; so messages with the
+// outbox's prefix are events only with Config.Messages on. Producers then
+// write them through <outbox>_emit_message (migration 7; EmitMessageFunc),
+// a SECURITY DEFINER function that draws the id from the outbox's
+// sequence, and they are granted EXECUTE on it alone. Run refuses to start
+// (ErrMessagesOpen, naming the roles and saying what to run) while any role
+// other than superusers, the relay's own (it writes heartbeats) and that
+// function's owner, and their members, can execute pg_logical_emit_message:
+// PUBLIC, or any role, login or not (a NOINHERIT login role can SET ROLE to
+// one that can), INSERT on the outbox or not (CheckMessages;
+// SecureMessages revokes it from PUBLIC). Function privileges are per
+// database: the REVOKE is needed in each database. A message's created_at
+// is ignored: an event's time is its commit's. A
 // non-transactional message is never an event (it is written whether or
 // not its transaction commits), nor one whose transaction rolled back
 // (pgoutput never sends it). Messages that are no event are dropped,
