@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"sync"
 	"testing"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/devkafka"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
 )
 
 // A broker replaced under a running consumer (stopped, and a new one with
@@ -29,10 +29,7 @@ import (
 func TestConsumerFollowsAReplacedBroker(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	addr := kafkatest.FreeAddr(t)
 	start := func() {
 		kb, err := devkafka.Start(devkafka.Config{Listen: addr, Partitions: 3, Opts: []kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}})
 		require.NoError(t, err)

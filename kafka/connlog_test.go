@@ -3,7 +3,6 @@ package kafka_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/devkafka"
+	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/testlog"
 	"github.com/pgoutbox/outbox/kafka"
 )
@@ -23,10 +23,7 @@ import (
 // lines name the broker, never the SASL password.
 func TestClientLogsAnUnreachableBroker(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	addr := kafkatest.FreeAddr(t)
 
 	var buf testlog.Buffer
 	cfg := kafka.ClientConfig{Brokers: []string{addr}, DialTimeout: time.Second,

@@ -5,6 +5,7 @@ package kafkatest
 
 import (
 	"context"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -139,4 +140,16 @@ func CheckOrder(t testing.TB, recs []Record, rank func(eventID int64) int64) {
 			last[r.Key] = r
 		}
 	}
+}
+
+// FreeAddr returns a loopback address nothing listens on right now: where
+// a broker is to be started, stopped and started again (the same address,
+// as a replaced broker has), or none at all.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
 }

@@ -2,7 +2,6 @@ package kafkapub_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -26,10 +25,7 @@ import (
 // Ready is nil again.
 func TestPublishFollowsAReplacedBroker(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
+	addr := kafkatest.FreeAddr(t)
 	start := func() *devkafka.Broker {
 		b, err := devkafka.Start(devkafka.Config{Listen: addr, Partitions: 3})
 		require.NoError(t, err)
