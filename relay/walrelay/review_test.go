@@ -3,6 +3,7 @@ package walrelay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -270,8 +272,17 @@ func TestUnknownTopicPastGraceIsParked(t *testing.T) {
 	after := b.insert(t, "order.placed", `{}`)
 	recs := kafkatest.Read(t, c.ListenAddrs()[0], 30*time.Second, kafkatest.AtLeast(1), "order")
 	require.Equal(t, after, kafkatest.EventID(recs[0]))
+	// The event behind it can reach the broker before the parking commits
+	// (they share a batch): wait for the parked row.
 	var reason string
-	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT reason FROM `+migrate.ParkedIdent(b.db.Tables)+` WHERE id = $1`, ghost).Scan(&reason))
+	require.Eventually(t, func() bool {
+		err := b.db.Pool.QueryRow(ctx, `SELECT reason FROM `+migrate.ParkedIdent(b.db.Tables)+` WHERE id = $1`, ghost).Scan(&reason)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false
+		}
+		require.NoError(t, err)
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "event %d was not parked", ghost)
 	require.Equal(t, "wal relay: invalid_topic", reason)
 }
 
