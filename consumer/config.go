@@ -15,10 +15,27 @@ import (
 	"github.com/pgoutbox/outbox/kafka"
 )
 
-// Defaults of Config that `outbox consume` names in its flags' help.
+// Defaults of Config, applied by WithDefaults (and so by New); `outbox
+// consume` names them in its flags' help.
 const (
-	DefaultBatchSize   = 100
-	DefaultConcurrency = 1
+	DefaultBatchSize       = 100
+	DefaultConcurrency     = 1
+	DefaultMaxAttempts     = 5
+	DefaultMaxPollRecords  = 500
+	DefaultBackoffMin      = 100 * time.Millisecond
+	DefaultBackoffMax      = 5 * time.Second
+	DefaultCommitInterval  = time.Second
+	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultDeadLetterSuffix makes a topic's dead-letter topic when
+	// Config.DeadLetterTopic is nil: topic + ".dlq".
+	DefaultDeadLetterSuffix = ".dlq"
+)
+
+// Limits of Config's sizes, which Validate enforces.
+const (
+	MaxBatchSize      = 10_000
+	MaxMaxPollRecords = 100_000
+	MaxConcurrency    = 1024
 )
 
 // Config configures a Consumer.
@@ -56,14 +73,16 @@ type Config struct {
 	// before the record is dead-lettered. A handler error wrapped with
 	// Permanent is dead-lettered after its first attempt. Database outages,
 	// deadlocks and serialisation failures do not count: while the
-	// database is unreachable, records wait. Defaults to 5.
+	// database is unreachable, records wait. Defaults to
+	// DefaultMaxAttempts (5).
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the exponential backoff (with
-	// jitter) between attempts. Default to 100ms and 5s.
+	// jitter) between attempts. Default to DefaultBackoffMin (100ms) and
+	// DefaultBackoffMax (5s).
 	BackoffMin, BackoffMax time.Duration
 	// DeadLetterTopic names the dead-letter topic of a topic. The topic
 	// must exist or the broker must create topics on first use. Defaults
-	// to topic + ".dlq".
+	// to topic + DefaultDeadLetterSuffix (".dlq").
 	DeadLetterTopic func(topic string) string
 	// BatchSize is how many consecutive records of one partition are
 	// processed in one transaction (ProcessBatch). When a handler fails,
@@ -72,7 +91,7 @@ type Config struct {
 	BatchSize int
 	// MaxPollRecords bounds how many records one poll takes. Rebalances
 	// wait while a poll's records are processed, so this bounds how long a
-	// rebalance waits. Defaults to 500.
+	// rebalance waits. Defaults to DefaultMaxPollRecords (500).
 	MaxPollRecords int
 	// Concurrency is how many partitions are processed at once, each in
 	// its own transactions. Records of one partition are always processed
@@ -83,11 +102,13 @@ type Config struct {
 	Concurrency int
 	// CommitInterval is how often offsets of done records are committed
 	// while the rest of a poll is still being processed; a poll's offsets
-	// are also committed when it is done. Defaults to 1s.
+	// are also committed when it is done. Defaults to
+	// DefaultCommitInterval (1s).
 	CommitInterval time.Duration
 	// ShutdownTimeout bounds how long the transaction in flight may take
 	// to finish after Run's context is cancelled; past it, it is rolled
-	// back and its records are redelivered later. Defaults to 10s.
+	// back and its records are redelivered later. Defaults to
+	// DefaultShutdownTimeout (10s).
 	ShutdownTimeout time.Duration
 	// SkipSchemaCheck skips the check, when Run starts, that the processed
 	// table exists. Defaults to false.
@@ -95,15 +116,6 @@ type Config struct {
 	// Logger receives structured logs, and Client's broker connection
 	// failures unless Client.Logger is set. Defaults to slog.Default().
 	Logger *slog.Logger
-	// BeforeCommit, if set, is called with the offsets about to be
-	// committed (topic -> partition -> next offset to read), after the
-	// transactions that processed those records committed. Returning an
-	// error stops the consumer without committing them: Run returns the
-	// error. It exists for tests that simulate a crash between the
-	// database commit and the offset commit, and for instrumentation.
-	// Called from the consumer's goroutines, one call at a time. Defaults
-	// to nil.
-	BeforeCommit func(offsets map[string]map[int32]int64) error
 	// TracerProvider makes the consumer's spans: every handler call runs
 	// in a "process <topic>" span (kind consumer, OpenTelemetry messaging
 	// conventions) whose parent is the trace context the record carries,
@@ -117,29 +129,24 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// applyDefaults validates cfg and applies its defaults, Tables excepted (the
-// Processor applies those). It returns the dead-letter topic of each topic.
-func (cfg *Config) applyDefaults() (map[string]string, error) {
-	seen, err := cfg.checkTopics()
-	if err != nil {
-		return nil, err
-	}
+// WithDefaults returns cfg with every zero field that has a default set to
+// it (Tables excepted: the Processor defaults those). It does not
+// validate: Validate does, and New calls both.
+func (cfg Config) WithDefaults() Config {
 	if cfg.Group == "" {
 		cfg.Group = cfg.Name
 	}
-	if err := cfg.checkHandlers(); err != nil {
-		return nil, err
+	if cfg.DeadLetterTopic == nil {
+		cfg.DeadLetterTopic = func(topic string) string { return topic + DefaultDeadLetterSuffix }
 	}
-	dlq, err := cfg.deadLetterTopics(seen)
-	if err != nil {
-		return nil, err
-	}
-	if err := cfg.retryDefaults(); err != nil {
-		return nil, err
-	}
-	if err := cfg.sizeDefaults(); err != nil {
-		return nil, err
-	}
+	setDefault(&cfg.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&cfg.BatchSize, DefaultBatchSize)
+	setDefault(&cfg.MaxPollRecords, DefaultMaxPollRecords)
+	setDefault(&cfg.Concurrency, DefaultConcurrency)
+	setDefault(&cfg.BackoffMin, DefaultBackoffMin)
+	setDefault(&cfg.BackoffMax, DefaultBackoffMax)
+	setDefault(&cfg.CommitInterval, DefaultCommitInterval)
+	setDefault(&cfg.ShutdownTimeout, DefaultShutdownTimeout)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -149,11 +156,37 @@ func (cfg *Config) applyDefaults() (map[string]string, error) {
 	if cfg.Propagator == nil {
 		cfg.Propagator = propagation.TraceContext{}
 	}
-	return dlq, nil
+	return cfg
 }
 
-// checkTopics checks Topics and returns them as a set.
-func (cfg *Config) checkTopics() (map[string]bool, error) {
+// setDefault sets *v to def when it is zero. A negative value stays, for
+// Validate to refuse.
+func setDefault[T int | time.Duration](v *T, def T) {
+	if *v == 0 {
+		*v = def
+	}
+}
+
+// Validate checks a configuration that WithDefaults has completed, with
+// an error that names the field and what to use instead. Name and Pool
+// are checked by New (through the Processor).
+func (cfg Config) Validate() error {
+	_, err := cfg.deadLetters()
+	if err != nil {
+		return err
+	}
+	if err := cfg.checkHandlers(); err != nil {
+		return err
+	}
+	if err := cfg.checkRetry(); err != nil {
+		return err
+	}
+	return cfg.checkSizes()
+}
+
+// deadLetters checks Topics and returns the dead-letter topic of each,
+// refusing one the consumer also reads.
+func (cfg Config) deadLetters() (map[string]string, error) {
 	if len(cfg.Topics) == 0 {
 		return nil, errors.New("consumer: no Topics; list the topics to consume, e.g. \"order\" for events of type \"order.*\"")
 	}
@@ -167,10 +200,24 @@ func (cfg *Config) checkTopics() (map[string]bool, error) {
 		}
 		seen[t] = true
 	}
-	return seen, nil
+	if cfg.DeadLetterTopic == nil {
+		return nil, errors.New("consumer: DeadLetterTopic is nil; call WithDefaults first, or set it")
+	}
+	dlq := map[string]string{}
+	for _, t := range cfg.Topics {
+		d := cfg.DeadLetterTopic(t)
+		if err := outbox.ValidateTopic(d); err != nil {
+			return nil, fmt.Errorf("consumer: the dead-letter topic of %q is %s", t, err)
+		}
+		if seen[d] {
+			return nil, fmt.Errorf("consumer: the dead-letter topic of %q is %q, which this consumer also reads; dead letters would come back as input", t, d)
+		}
+		dlq[t] = d
+	}
+	return dlq, nil
 }
 
-func (cfg *Config) checkHandlers() error {
+func (cfg Config) checkHandlers() error {
 	if len(cfg.Handlers) == 0 && cfg.DefaultHandler == nil {
 		return errors.New("consumer: no handlers; set Handlers (event type -> handler) or DefaultHandler")
 	}
@@ -187,49 +234,21 @@ func (cfg *Config) checkHandlers() error {
 	return nil
 }
 
-// deadLetterTopics defaults DeadLetterTopic and returns the dead-letter
-// topic of each topic, refusing one the consumer also reads (topics).
-func (cfg *Config) deadLetterTopics(topics map[string]bool) (map[string]string, error) {
-	if cfg.DeadLetterTopic == nil {
-		cfg.DeadLetterTopic = func(topic string) string { return topic + ".dlq" }
-	}
-	dlq := map[string]string{}
-	for _, t := range cfg.Topics {
-		d := cfg.DeadLetterTopic(t)
-		if err := outbox.ValidateTopic(d); err != nil {
-			return nil, fmt.Errorf("consumer: the dead-letter topic of %q is %s", t, err)
-		}
-		if topics[d] {
-			return nil, fmt.Errorf("consumer: the dead-letter topic of %q is %q, which this consumer also reads; dead letters would come back as input", t, d)
-		}
-		dlq[t] = d
-	}
-	return dlq, nil
-}
-
-// retryDefaults checks and defaults MaxAttempts and the durations.
-func (cfg *Config) retryDefaults() error {
+func (cfg Config) checkRetry() error {
 	if cfg.MaxAttempts < 0 {
-		return fmt.Errorf("consumer: MaxAttempts is %d; use a positive number, or 0 for the default 5", cfg.MaxAttempts)
-	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = 5
+		return fmt.Errorf("consumer: MaxAttempts is %d; use a positive number, or 0 for the default %d", cfg.MaxAttempts, DefaultMaxAttempts)
 	}
 	for _, f := range []struct {
 		name string
-		d    *time.Duration
-		def  time.Duration
+		d    time.Duration
 	}{
-		{"BackoffMin", &cfg.BackoffMin, 100 * time.Millisecond},
-		{"BackoffMax", &cfg.BackoffMax, 5 * time.Second},
-		{"ShutdownTimeout", &cfg.ShutdownTimeout, 10 * time.Second},
-		{"CommitInterval", &cfg.CommitInterval, time.Second},
+		{"BackoffMin", cfg.BackoffMin},
+		{"BackoffMax", cfg.BackoffMax},
+		{"ShutdownTimeout", cfg.ShutdownTimeout},
+		{"CommitInterval", cfg.CommitInterval},
 	} {
-		if *f.d < 0 {
-			return fmt.Errorf("consumer: %s is %s; use a positive duration, or 0 for the default", f.name, *f.d)
-		}
-		if *f.d == 0 {
-			*f.d = f.def
+		if f.d < 0 {
+			return fmt.Errorf("consumer: %s is %s; use a positive duration, or 0 for the default", f.name, f.d)
 		}
 	}
 	if cfg.BackoffMax < cfg.BackoffMin {
@@ -238,23 +257,18 @@ func (cfg *Config) retryDefaults() error {
 	return nil
 }
 
-// sizeDefaults checks and defaults BatchSize, MaxPollRecords and
-// Concurrency.
-func (cfg *Config) sizeDefaults() error {
+func (cfg Config) checkSizes() error {
 	for _, f := range []struct {
 		name     string
-		n        *int
+		n        int
 		def, max int
 	}{
-		{"BatchSize", &cfg.BatchSize, DefaultBatchSize, 10_000},
-		{"MaxPollRecords", &cfg.MaxPollRecords, 500, 100_000},
-		{"Concurrency", &cfg.Concurrency, DefaultConcurrency, 1024},
+		{"BatchSize", cfg.BatchSize, DefaultBatchSize, MaxBatchSize},
+		{"MaxPollRecords", cfg.MaxPollRecords, DefaultMaxPollRecords, MaxMaxPollRecords},
+		{"Concurrency", cfg.Concurrency, DefaultConcurrency, MaxConcurrency},
 	} {
-		if *f.n < 0 || *f.n > f.max {
-			return fmt.Errorf("consumer: %s is %d; use 1 to %d, or 0 for the default %d", f.name, *f.n, f.max, f.def)
-		}
-		if *f.n == 0 {
-			*f.n = f.def
+		if f.n < 0 || f.n > f.max {
+			return fmt.Errorf("consumer: %s is %d; use 1 to %d, or 0 for the default %d", f.name, f.n, f.max, f.def)
 		}
 	}
 	return nil

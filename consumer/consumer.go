@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/commithook"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
@@ -61,8 +62,12 @@ type Consumer struct {
 
 	mu          sync.Mutex
 	uncommitted map[string]map[int32]*kgo.Record // last done record per partition, not yet committed
-	crashed     error                            // set when BeforeCommit stopped the consumer
+	crashed     error                            // set when beforeCommit stopped the consumer
 	held        []string                         // recreated topics whose offsets are not committed (holdOffsets)
+
+	// beforeCommit is the tests' crash point (internal/commithook), read
+	// from Run's context.
+	beforeCommit commithook.Func
 
 	records, deadLettered, deadLetterDropped, malformed, retries atomic.Int64
 }
@@ -74,7 +79,11 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, err
 	}
 	cfg.Tables = proc.Config().Tables
-	dlq, err := cfg.applyDefaults()
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	dlq, err := cfg.deadLetters()
 	if err != nil {
 		return nil, err
 	}

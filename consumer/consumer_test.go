@@ -21,6 +21,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/internal/commithook"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
@@ -138,14 +139,14 @@ func TestConsumerDeadLetterWaitsForAcknowledgement(t *testing.T) {
 	var mu sync.Mutex
 	var commits []int64
 	cfg := b.config(map[string]consumer.Handler{"item.ok": record})
-	cfg.BeforeCommit = func(offsets map[string]map[int32]int64) error {
+	hook := commithook.Func(func(offsets map[string]map[int32]int64) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if o, ok := offsets["t"][0]; ok {
 			commits = append(commits, o)
 		}
 		return nil
-	}
+	})
 	c, err := consumer.New(cfg)
 	require.NoError(t, err)
 	// Auto-create the dead-letter topic first: the fault is on produce.
@@ -156,7 +157,7 @@ func TestConsumerDeadLetterWaitsForAcknowledgement(t *testing.T) {
 		event("t", 0, 2, "item.ok", `not json`),
 		event("t", 0, 3, "item.ok", `{}`),
 	)
-	run(t, c)
+	runCtx(t, commithook.With(context.Background(), hook), c)
 	require.Eventually(t, func() bool { return len(b.effects(t)) == 1 }, 20*time.Second, 20*time.Millisecond)
 	require.Eventually(t, func() bool { return fault.Hits() >= 3 }, 10*time.Second, 10*time.Millisecond, "the dead-letter write is retried")
 	require.Eventually(t, func() bool {

@@ -103,7 +103,13 @@ func (b *bundle) config(handlers map[string]consumer.Handler) consumer.Config {
 // if Run does not return within 20s.
 func run(t *testing.T, c *consumer.Consumer) (stop func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return runCtx(t, context.Background(), c)
+}
+
+// runCtx is run with Run's context derived from parent.
+func runCtx(t *testing.T, parent context.Context, c *consumer.Consumer) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	var once sync.Once

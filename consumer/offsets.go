@@ -66,9 +66,9 @@ func (c *Consumer) commit(cl *kgo.Client, partitions map[string][]int32) error {
 		c.mu.Unlock()
 		return nil
 	}
-	if c.cfg.BeforeCommit != nil {
-		if err := c.cfg.BeforeCommit(offsets); err != nil {
-			c.crashed = fmt.Errorf("consumer: BeforeCommit stopped the consumer before it committed offsets %s: %w", formatOffsets(offsets), err)
+	if c.beforeCommit != nil {
+		if err := c.beforeCommit(offsets); err != nil {
+			c.crashed = fmt.Errorf("consumer: stopped before it committed offsets %s: %w", formatOffsets(offsets), err)
 			c.mu.Unlock()
 			return c.crashed
 		}
@@ -105,7 +105,7 @@ func (c *Consumer) onBlocked(context.Context, *kgo.Client) {
 // nothing: every poll commits before it lets a rebalance run) and forgets
 // them.
 func (c *Consumer) onRevoked(_ context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	_ = c.commit(cl, revoked) // fails only after BeforeCommit stopped us
+	_ = c.commit(cl, revoked) // fails only after the commit hook stopped us
 	c.forget(revoked)
 }
 

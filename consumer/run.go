@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/commithook"
 	"maps"
 	"slices"
 	"sync"
@@ -24,13 +25,14 @@ const leaveTimeout = 15 * time.Second
 // Run consumes until ctx is cancelled, then lets the transaction in flight
 // finish (within ShutdownTimeout), commits the offsets of what is done,
 // leaves the group and returns nil. It returns an error only when it cannot
-// start (the database is unreachable, or the processed table missing), when
-// it is called twice, or when BeforeCommit stops it. Bad records never stop it: they are
+// start (the database is unreachable, or the processed table missing) or
+// when it is called twice. Bad records never stop it: they are
 // dead-lettered. Database and broker outages are waited out.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.started.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run was already called; create a new Consumer to run again")
 	}
+	c.beforeCommit = commithook.From(ctx)
 	if !c.cfg.SkipSchemaCheck {
 		if err := c.proc.Check(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -73,7 +75,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // consume polls and processes until ctx is cancelled or the client closes.
-// It returns an error only when BeforeCommit stopped the consumer.
+// It returns an error only when the tests' commit hook stopped the consumer.
 func (c *Consumer) consume(ctx, work context.Context, cl *kgo.Client) error {
 	for ctx.Err() == nil {
 		select { // a signal from the previous poll is stale
@@ -239,7 +241,7 @@ type item struct {
 
 // poll processes one poll's records, commits the offsets of what is done,
 // and rewinds partitions whose records were abandoned so they are polled
-// again. It returns an error only when BeforeCommit stopped the consumer.
+// again. It returns an error only when the tests' commit hook stopped the consumer.
 func (c *Consumer) poll(ctx, work context.Context, fetches kgo.Fetches) error {
 	// stop ends processing early: on shutdown, or when a rebalance waits.
 	stop, cancelStop := context.WithCancel(ctx)
@@ -294,7 +296,7 @@ func (c *Consumer) decodeFetches(fetches kgo.Fetches) [][]item {
 }
 
 // commitEvery commits what is done every CommitInterval until stop is
-// done, and calls cancelStop if BeforeCommit stops the consumer. The
+// done, and calls cancelStop if the commit hook stops the consumer. The
 // channel it returns closes when it has stopped.
 func (c *Consumer) commitEvery(stop context.Context, cancelStop context.CancelFunc) <-chan struct{} {
 	committerDone := make(chan struct{})
@@ -308,7 +310,7 @@ func (c *Consumer) commitEvery(stop context.Context, cancelStop context.CancelFu
 				return
 			case <-tick.C:
 				if err := c.commit(c.client, nil); err != nil {
-					cancelStop() // BeforeCommit stopped us: stop processing
+					cancelStop() // the commit hook stopped us: stop processing
 					return
 				}
 			}

@@ -209,7 +209,13 @@ func (b *bundle) loyalty(t *testing.T, mod func(*consumer.Config)) *consumer.Con
 // failing the test if Run does not return within 30s.
 func start(t *testing.T, c *consumer.Consumer) (stop func(), wait func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return startCtx(t, context.Background(), c)
+}
+
+// startCtx is start with Run's context derived from parent.
+func startCtx(t *testing.T, parent context.Context, c *consumer.Consumer) (stop func(), wait func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	var once sync.Once

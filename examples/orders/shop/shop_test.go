@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/examples/orders/shop"
+	"github.com/pgoutbox/outbox/internal/commithook"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 )
 
@@ -208,10 +209,8 @@ func TestCrashBetweenTransactionAndOffsetCommit(t *testing.T) {
 	b.waitDrained(t)
 
 	crash := errors.New("simulated crash")
-	c1 := b.loyalty(t, func(cfg *consumer.Config) {
-		cfg.BeforeCommit = func(map[string]map[int32]int64) error { return crash }
-	})
-	_, wait := start(t, c1)
+	c1 := b.loyalty(t, nil)
+	_, wait := startCtx(t, commithook.With(context.Background(), func(map[string]map[int32]int64) error { return crash }), c1)
 	require.ErrorIs(t, wait(), crash)
 	first := c1.Stats().Processed
 	require.Positive(t, first)
