@@ -31,5 +31,5 @@
 //
 // The scenarios run in parallel, each with an outbox (Open) and a broker
 // of its own; they need a Postgres server (DATABASE_URL, else the local
-// test server) and take about a minute on two cores.
+// test server).
 package sourcetest
