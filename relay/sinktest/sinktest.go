@@ -46,7 +46,8 @@ type Sink struct {
 	// payload is larger than MaxBytes bytes must fail alone, permanently,
 	// with relay.ReasonTooLarge, and messages whose payloads are 2/5 of
 	// it must go through, several in one call. 0: no limit declared, and
-	// the size case is skipped.
+	// the size case is skipped. The other cases' messages stay under
+	// 32 KiB, headers included: a sink must take those.
 	MaxBytes int
 	// FailDestination makes every publish to dest fail with an error a
 	// retry may fix (the server unreachable, a partition without its
