@@ -30,7 +30,9 @@ const sinkMaxBytes = 100_000
 // one), which the publisher narrows down to that record.
 func TestSinkConformance(t *testing.T) {
 	t.Parallel()
-	sinktest.Run(t, sinktest.Harness{Name: "kafka", New: kafkaSink})
+	sinktest.Run(t, sinktest.Harness{Name: "kafka", New: kafkaSink, KnownDefects: map[string]string{
+		"AggregateAcrossDestinations": "Publish produces every record of a call at once, so an aggregate's record to a topic that works is acknowledged although its earlier record to another topic failed",
+	}})
 }
 
 func kafkaSink(t *testing.T) *sinktest.Sink {

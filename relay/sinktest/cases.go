@@ -253,3 +253,40 @@ func SizeLimit(t *testing.T, h Harness) {
 	}
 	r.check(x, acked(batch, errs), big.ID)
 }
+
+// AggregateAcrossDestinations: an aggregate's messages go to two
+// destinations, and one of them fails for now; the aggregate's messages
+// after the failed one are not acknowledged ahead of it, even on the
+// destination that works, while other aggregates' messages there are.
+func AggregateAcrossDestinations(t *testing.T, h Harness) {
+	r := start(t, h)
+	r.need(r.sink.FailDestination != nil, "FailDestination", "order across destinations under a transient failure")
+	x, y := r.dest("x"), r.dest("y")
+	a, b := uuid.New(), uuid.New()
+	batch := []relay.Message{
+		r.msg(x, a, "", nil),
+		r.msg(y, a, "", nil),
+		r.msg(x, a, "", nil),
+		r.msg(x, b, "", nil),
+		r.msg(x, a, "", nil),
+	}
+	failing := batch[1]
+	heal := r.sink.FailDestination(t, y)
+	errs := r.publish(batch)
+	r.ok(batch[0], errs[0], "it comes before the failing message of its aggregate")
+	r.retriable(failing, errs[1], "its destination was set to fail, for now")
+	for _, i := range []int{2, 4} {
+		r.retriable(batch[i], errs[i], fmt.Sprintf("it comes after message %d of its aggregate, which failed on %s", failing.ID, y))
+	}
+	r.ok(batch[3], errs[3], "its aggregate has no failed message")
+	heal()
+	var again []relay.Message
+	for i, err := range errs {
+		if err != nil {
+			again = append(again, batch[i])
+		}
+	}
+	r.publishAll(again)
+	r.check(x, []relay.Message{batch[0], batch[2], batch[3], batch[4]})
+	r.check(y, []relay.Message{failing})
+}

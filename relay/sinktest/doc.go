@@ -8,7 +8,7 @@
 //     the event id a deduplicating consumer needs.
 //   - Each aggregate's messages reach a destination in the order they
 //     were handed over, and a message after a failed one of its aggregate
-//     is never acknowledged ahead of it.
+//     is never acknowledged ahead of it, on whatever destination.
 //   - A failure belongs to the message that caused it: messages that only
 //     shared a request with it are acknowledged.
 //   - Errors are classified: a refusal that retrying cannot fix is

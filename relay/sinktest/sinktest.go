@@ -23,6 +23,11 @@ type Harness struct {
 	// New builds a fresh sink for one case, on a server or namespace of
 	// its own, torn down when t ends (t.Cleanup). Required.
 	New func(t *testing.T) *Sink
+	// KnownDefects maps the name of a case the sink fails to what fails:
+	// Run skips it with "known defect: ...", so the sink's tests stay
+	// green while the finding is open and the entry says what to remove
+	// once it is fixed. Defaults to none.
+	KnownDefects map[string]string
 }
 
 // Sink is one case's sink: the publisher under test, how to read back
@@ -98,6 +103,7 @@ var Cases = []Case{
 	{"PayloadAndHeadersExact", PayloadAndHeadersExact},
 	{"TransientMessageFailure", TransientMessageFailure},
 	{"TransientDestinationFailure", TransientDestinationFailure},
+	{"AggregateAcrossDestinations", AggregateAcrossDestinations},
 	{"PermanentMessageRefusal", PermanentMessageRefusal},
 	{"PermanentDestinationRefusal", PermanentDestinationRefusal},
 	{"SizeLimit", SizeLimit},
@@ -113,6 +119,9 @@ func Run(t *testing.T, h Harness) {
 	for _, c := range Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			t.Parallel()
+			if why, ok := h.KnownDefects[c.Name]; ok {
+				t.Skipf("known defect: %s fails %s: %s", h.Name, c.Name, why)
+			}
 			c.Run(t, h)
 		})
 	}
