@@ -24,10 +24,10 @@ func padded(n int) string {
 	return head + strings.Repeat("x", n-len(head)-len(tail)) + tail
 }
 
-// Delivers: messages of several aggregates to two destinations, in
+// delivers: messages of several aggregates to two destinations, in
 // several calls, are all acknowledged and all reach their destination,
 // each aggregate's in order; an empty call returns no error.
-func Delivers(t *testing.T, h Harness) {
+func delivers(t *testing.T, h Harness) {
 	r := start(t, h)
 	x, y := r.dest("x"), r.dest("y")
 	aggs := aggregates(4)
@@ -59,11 +59,11 @@ func Delivers(t *testing.T, h Harness) {
 	r.check(y, toY)
 }
 
-// PayloadAndHeadersExact: payloads and headers reach the destination byte
+// payloadAndHeadersExact: payloads and headers reach the destination byte
 // for byte: non-ASCII text, characters an HTML-safe encoder escapes, the
 // spacing Postgres writes jsonb in, an empty object, no headers, an empty
 // header value, and many headers on one message.
-func PayloadAndHeadersExact(t *testing.T, h Harness) {
+func payloadAndHeadersExact(t *testing.T, h Harness) {
 	r := start(t, h)
 	x := r.dest("x")
 	agg := uuid.New()
@@ -92,12 +92,12 @@ func PayloadAndHeadersExact(t *testing.T, h Harness) {
 	r.check(x, batch)
 }
 
-// TransientMessageFailure: one message fails with an error a retry may
+// transientMessageFailure: one message fails with an error a retry may
 // fix; it is not permanent, its aggregate's later messages are not
 // acknowledged ahead of it, and once the fault heals, sending the
 // unacknowledged messages again delivers everything, each aggregate in
 // order.
-func TransientMessageFailure(t *testing.T, h Harness) {
+func transientMessageFailure(t *testing.T, h Harness) {
 	r := start(t, h)
 	r.need(r.sink.FailMessage != nil, "FailMessage", "a transient failure of one message")
 	x := r.dest("x")
@@ -124,11 +124,11 @@ func TransientMessageFailure(t *testing.T, h Harness) {
 	r.check(x, batch)
 }
 
-// TransientDestinationFailure: a destination fails with an error a retry
+// transientDestinationFailure: a destination fails with an error a retry
 // may fix; its messages fail, none permanently, while the messages to
 // another destination in the same call are acknowledged; once it heals,
 // sending again delivers everything in order.
-func TransientDestinationFailure(t *testing.T, h Harness) {
+func transientDestinationFailure(t *testing.T, h Harness) {
 	r := start(t, h)
 	r.need(r.sink.FailDestination != nil, "FailDestination", "a transient failure of one destination")
 	x, y := r.dest("x"), r.dest("y")
@@ -154,11 +154,11 @@ func TransientDestinationFailure(t *testing.T, h Harness) {
 	r.check(y, toY)
 }
 
-// PermanentMessageRefusal: the server refuses one message for good; that
+// permanentMessageRefusal: the server refuses one message for good; that
 // message alone fails permanently, its aggregate's later messages fail
 // without being blamed (not permanent), and every other message that
 // shared its call is acknowledged and delivered.
-func PermanentMessageRefusal(t *testing.T, h Harness) {
+func permanentMessageRefusal(t *testing.T, h Harness) {
 	r := start(t, h)
 	r.need(r.sink.RefuseMessage != nil, "RefuseMessage", "a permanent refusal of one message (a failure attributed to its own message only)")
 	x := r.dest("x")
@@ -183,11 +183,11 @@ func PermanentMessageRefusal(t *testing.T, h Harness) {
 	r.check(x, acked(batch, errs), refused.ID)
 }
 
-// PermanentDestinationRefusal: a destination refuses every message; its
+// permanentDestinationRefusal: a destination refuses every message; its
 // messages fail, the first of each aggregate permanently, while the
 // messages to another destination in the same call are acknowledged and
 // delivered.
-func PermanentDestinationRefusal(t *testing.T, h Harness) {
+func permanentDestinationRefusal(t *testing.T, h Harness) {
 	r := start(t, h)
 	r.need(r.sink.RefuseDestination != nil, "RefuseDestination", "a permanent refusal of one destination")
 	x, y := r.dest("x"), r.dest("y")
@@ -218,12 +218,12 @@ func PermanentDestinationRefusal(t *testing.T, h Harness) {
 	r.check(x, nil, refused...)
 }
 
-// SizeLimit: a message over the sink's limit fails alone, permanently,
+// sizeLimit: a message over the sink's limit fails alone, permanently,
 // as too_large, before or instead of reaching the destination; its
 // aggregate's later messages are not acknowledged ahead of it; messages
 // that fit are acknowledged, several in one call even when together they
 // exceed the limit.
-func SizeLimit(t *testing.T, h Harness) {
+func sizeLimit(t *testing.T, h Harness) {
 	r := start(t, h)
 	r.need(r.sink.MaxBytes > 0, "MaxBytes", "the size limit")
 	limit := r.sink.MaxBytes
@@ -254,11 +254,11 @@ func SizeLimit(t *testing.T, h Harness) {
 	r.check(x, acked(batch, errs), big.ID)
 }
 
-// AggregateAcrossDestinations: an aggregate's messages go to two
+// aggregateAcrossDestinations: an aggregate's messages go to two
 // destinations, and one of them fails for now; the aggregate's messages
 // after the failed one are not acknowledged ahead of it, even on the
 // destination that works, while other aggregates' messages there are.
-func AggregateAcrossDestinations(t *testing.T, h Harness) {
+func aggregateAcrossDestinations(t *testing.T, h Harness) {
 	r := start(t, h)
 	r.need(r.sink.FailDestination != nil, "FailDestination", "order across destinations under a transient failure")
 	x, y := r.dest("x"), r.dest("y")

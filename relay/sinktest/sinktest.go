@@ -91,32 +91,36 @@ type Delivered struct {
 	Headers map[string]string
 }
 
-// Case is one check of the suite.
-type Case struct {
+// testCase is one check of the suite; its name is the subtest's.
+type testCase struct {
 	Name string
 	Run  func(t *testing.T, h Harness)
 }
 
-// Cases lists every case Run runs, in order.
-var Cases = []Case{
-	{"Delivers", Delivers},
-	{"PayloadAndHeadersExact", PayloadAndHeadersExact},
-	{"TransientMessageFailure", TransientMessageFailure},
-	{"TransientDestinationFailure", TransientDestinationFailure},
-	{"AggregateAcrossDestinations", AggregateAcrossDestinations},
-	{"PermanentMessageRefusal", PermanentMessageRefusal},
-	{"PermanentDestinationRefusal", PermanentDestinationRefusal},
-	{"SizeLimit", SizeLimit},
+// cases lists every case Run runs, in order.
+var cases = []testCase{
+	{"Delivers", delivers},
+	{"PayloadAndHeadersExact", payloadAndHeadersExact},
+	{"TransientMessageFailure", transientMessageFailure},
+	{"TransientDestinationFailure", transientDestinationFailure},
+	{"AggregateAcrossDestinations", aggregateAcrossDestinations},
+	{"PermanentMessageRefusal", permanentMessageRefusal},
+	{"PermanentDestinationRefusal", permanentDestinationRefusal},
+	{"SizeLimit", sizeLimit},
 }
 
 // Run runs every case against the sink h builds, each as a parallel
-// subtest with a sink of its own.
+// subtest with a sink of its own: Delivers, PayloadAndHeadersExact,
+// TransientMessageFailure, TransientDestinationFailure,
+// AggregateAcrossDestinations, PermanentMessageRefusal,
+// PermanentDestinationRefusal, SizeLimit (see the package doc for what
+// they assert, docs/writing-a-sink.md for each).
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Name == "" || h.New == nil {
 		t.Fatal("sinktest: Harness.Name and Harness.New are required")
 	}
-	for _, c := range Cases {
+	for _, c := range cases {
 		t.Run(c.Name, func(t *testing.T) {
 			t.Parallel()
 			if why, ok := h.KnownDefects[c.Name]; ok {
