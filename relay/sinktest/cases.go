@@ -114,13 +114,7 @@ func transientMessageFailure(t *testing.T, h Harness) {
 		r.retriable(batch[i], errs[i], fmt.Sprintf("it comes after message %d of its aggregate, which failed", failing.ID))
 	}
 	heal()
-	var again []relay.Message
-	for i, err := range errs {
-		if err != nil {
-			again = append(again, batch[i])
-		}
-	}
-	r.publishAll(again)
+	r.publishAll(unacked(batch, errs))
 	r.check(x, batch)
 }
 
@@ -280,13 +274,7 @@ func aggregateAcrossDestinations(t *testing.T, h Harness) {
 	}
 	r.ok(batch[3], errs[3], "its aggregate has no failed message")
 	heal()
-	var again []relay.Message
-	for i, err := range errs {
-		if err != nil {
-			again = append(again, batch[i])
-		}
-	}
-	r.publishAll(again)
+	r.publishAll(unacked(batch, errs))
 	r.check(x, []relay.Message{batch[0], batch[2], batch[3], batch[4]})
 	r.check(y, []relay.Message{failing})
 }

@@ -205,12 +205,7 @@ func (r *run) publishAll(msgs []relay.Message) {
 	left := msgs
 	for attempt := 1; len(left) > 0; attempt++ {
 		errs := r.publish(left)
-		var again []relay.Message
-		for i, err := range errs {
-			if err != nil {
-				again = append(again, left[i])
-			}
-		}
+		again := unacked(left, errs)
 		if len(again) > 0 && attempt == 5 {
 			r.t.Fatalf("sinktest: %s: %d messages still fail after %d publishes with no fault injected; first: message %d: %v",
 				r.name, len(again), attempt, again[0].ID, firstErr(errs))
@@ -229,10 +224,15 @@ func firstErr(errs []error) error {
 }
 
 // acked returns the messages of msgs whose error is nil.
-func acked(msgs []relay.Message, errs []error) []relay.Message {
+func acked(msgs []relay.Message, errs []error) []relay.Message { return pick(msgs, errs, true) }
+
+// unacked returns the messages of msgs whose error is not nil.
+func unacked(msgs []relay.Message, errs []error) []relay.Message { return pick(msgs, errs, false) }
+
+func pick(msgs []relay.Message, errs []error, ok bool) []relay.Message {
 	var out []relay.Message
 	for i, err := range errs {
-		if err == nil {
+		if (err == nil) == ok {
 			out = append(out, msgs[i])
 		}
 	}
