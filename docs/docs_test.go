@@ -158,7 +158,7 @@ func parseShell(lines []string, first int, console bool) ([]command, error) {
 				flush()
 			case w.op && (w.s == ">" || w.s == "<" || w.s == ">>" || w.s == "2>"):
 				k++ // and its target
-			case len(cur.args) == 0 && !w.quoted && regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`).MatchString(w.s):
+			case len(cur.args) == 0 && !w.quoted && assignment.MatchString(w.s):
 				cur.env = append(cur.env, w.s)
 			default:
 				cur.args = append(cur.args, w.s)
@@ -168,6 +168,9 @@ func parseShell(lines []string, first int, console bool) ([]command, error) {
 	}
 	return out, nil
 }
+
+// assignment is a VAR=value word before a command's name.
+var assignment = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
 
 type word struct {
 	s      string
@@ -513,7 +516,7 @@ func TestCheckerCatchesMistakes(t *testing.T) {
 // slug is the anchor GitHub gives a heading: lower case, punctuation but
 // '-' and '_' dropped, spaces as '-'.
 func slug(heading string) string {
-	heading = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`).ReplaceAllString(heading, "$1")
+	heading = link.ReplaceAllStringFunc(heading, func(l string) string { return l[1:strings.Index(l, "](")] })
 	var b strings.Builder
 	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
 		switch {
@@ -592,10 +595,13 @@ func links(text string) (targets []string, lines []int) {
 	return targets, lines
 }
 
+// scheme starts a link that leaves the repository: http:, https:, mailto:.
+var scheme = regexp.MustCompile(`^[a-z][a-z0-9+.-]*:`)
+
 // resolve says what is wrong with a link target from a file at from
 // (relative to root): a missing file, or an anchor no heading has.
 func resolve(from, target string) string {
-	if regexp.MustCompile(`^[a-z][a-z0-9+.-]*:`).MatchString(target) {
+	if scheme.MatchString(target) {
 		return "" // http:, https:, mailto:
 	}
 	path, anchor, _ := strings.Cut(target, "#")
