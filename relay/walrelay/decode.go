@@ -186,56 +186,56 @@ func (it *item) finish(prefix string) {
 }
 
 // decode applies one pgoutput message to the stream's state.
-func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
+func (st *streamer) decode(xld pglogrepl.XLogData) error {
 	m, err := pglogrepl.Parse(xld.WALData)
 	if err != nil {
 		return fmt.Errorf("decode pgoutput message at %s: %w", xld.WALStart, err)
 	}
 	switch m := m.(type) {
 	case *pglogrepl.RelationMessage:
-		rel, err := newRelation(m, r.cfg.Tables)
+		rel, err := newRelation(m, st.r.cfg.Tables)
 		if err != nil {
 			return err
 		}
-		s.rels[m.RelationID] = rel
+		st.rels[m.RelationID] = rel
 	case *pglogrepl.BeginMessage:
-		s.inTx = true
-		s.commit = m.CommitTime
-		if s.lc != nil {
+		st.inTx = true
+		st.commit = m.CommitTime
+		if st.lc != nil {
 			// Behind, the walsender is the bottleneck: read it without
 			// pause (a backlog of small transactions drained 10-30%
 			// slower with a 2 ms linger).
-			s.lc.behind.Store(time.Since(m.CommitTime) > behindAge)
+			st.lc.behind.Store(time.Since(m.CommitTime) > behindAge)
 		}
 	case *pglogrepl.CommitMessage:
-		s.inTx = false
-		s.checkpoint(m.TransactionEndLSN, m.CommitTime)
-		if len(s.pending) == 1 {
-			r.oldestUnacked.Store(s.pending[0].committed.UnixNano())
+		st.inTx = false
+		st.checkpoint(m.TransactionEndLSN, m.CommitTime)
+		if len(st.pending) == 1 {
+			st.r.oldestUnacked.Store(st.pending[0].committed.UnixNano())
 		}
 	case *pglogrepl.InsertMessage:
-		rel, ok := s.rels[m.RelationID]
+		rel, ok := st.rels[m.RelationID]
 		if !ok {
 			return fmt.Errorf("walrelay: insert into relation %d before its description", m.RelationID)
 		}
 		if !rel.outbox {
 			return nil
 		}
-		it, err := rel.insertItem(m.Tuple, r.cfg.TopicPrefix)
+		it, err := rel.insertItem(m.Tuple, st.r.cfg.TopicPrefix)
 		if err != nil {
 			return err
 		}
-		r.enqueue(s, it)
+		st.enqueue(it)
 	case *pglogrepl.LogicalDecodingMessage:
-		r.decodeMessage(s, m)
+		st.decodeMessage(m)
 	}
 	return nil
 }
 
 // decodeMessage applies a logical decoding message: an event (message
 // mode), or a heartbeat, which is a position to acknowledge.
-func (r *Relayer) decodeMessage(s *streamState, m *pglogrepl.LogicalDecodingMessage) {
-	if m.Prefix == r.prefix {
+func (st *streamer) decodeMessage(m *pglogrepl.LogicalDecodingMessage) {
+	if m.Prefix == st.r.prefix {
 		// Only a transactional message exists iff its transaction
 		// committed (pgoutput sends it with the commit, and never
 		// for a rollback); a non-transactional one is written at
@@ -245,18 +245,18 @@ func (r *Relayer) decodeMessage(s *streamState, m *pglogrepl.LogicalDecodingMess
 		// but the producers can write them).
 		switch {
 		case !m.Transactional:
-			r.dropped.Add(1)
-			r.log.Error("wal relay dropped a non-transactional logical message with the outbox's prefix: it is no event (it exists whether or not a transaction commits); producers write transactional messages (outbox.ModeMessage)", "lsn", m.LSN.String())
-		case !r.cfg.Messages:
-			r.dropped.Add(1)
-			r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
+			st.r.dropped.Add(1)
+			st.r.log.Error("wal relay dropped a non-transactional logical message with the outbox's prefix: it is no event (it exists whether or not a transaction commits); producers write transactional messages (outbox.ModeMessage)", "lsn", m.LSN.String())
+		case !st.r.cfg.Messages:
+			st.r.dropped.Add(1)
+			st.r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
 		default:
-			it, err := messageItem(m.Content, s.commit, r.cfg.TopicPrefix)
+			it, err := messageItem(m.Content, st.commit, st.r.cfg.TopicPrefix)
 			if err != nil {
-				r.dropped.Add(1)
-				r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
+				st.r.dropped.Add(1)
+				st.r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
 			} else {
-				r.enqueue(s, it)
+				st.enqueue(it)
 			}
 		}
 		if m.Transactional {
@@ -267,15 +267,15 @@ func (r *Relayer) decodeMessage(s *streamState, m *pglogrepl.LogicalDecodingMess
 		// A heartbeat (ours, or any other non-transactional message):
 		// everything before it has been sent.
 		if m.Prefix == HeartbeatPrefix {
-			r.heartbeats.Add(1)
+			st.r.heartbeats.Add(1)
 		}
 		// m.LSN is the end of the message's record, which is where
 		// the next record starts: confirming one byte more would
 		// let the slot skip a transaction whose commit record
 		// follows the message (a heartbeat from another session
 		// lands between a transaction's inserts and its commit).
-		if !s.inTx {
-			s.checkpoint(m.LSN, time.Time{})
+		if !st.inTx {
+			st.checkpoint(m.LSN, time.Time{})
 		}
 	}
 }

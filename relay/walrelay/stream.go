@@ -47,9 +47,9 @@ const (
 )
 
 // lingering reports whether the queue waits for more before it goes out.
-func (r *Relayer) lingering(s *streamState, now time.Time) bool {
-	return len(s.queue) > 0 && len(s.queue) < r.cfg.BatchSize && s.bytes < r.cfg.MaxBatchBytes &&
-		!s.commit.IsZero() && now.Sub(s.commit) > behindAge && now.Sub(s.queuedAt) < lingerMax
+func (st *streamer) lingering(now time.Time) bool {
+	return len(st.queue) > 0 && len(st.queue) < st.r.cfg.BatchSize && st.bytes < st.r.cfg.MaxBatchBytes &&
+		!st.commit.IsZero() && now.Sub(st.commit) > behindAge && now.Sub(st.queuedAt) < lingerMax
 }
 
 // batch is what the publisher goroutine publishes; end is the position to
@@ -64,7 +64,8 @@ type batch struct {
 	ok bool
 }
 
-// streamState is the stream's bookkeeping, owned by the stream goroutine.
+// streamState is the stream's bookkeeping: what was read and is not yet
+// acknowledged. The stream goroutine owns it.
 type streamState struct {
 	rels   map[uint32]*relation
 	inTx   bool
@@ -80,19 +81,21 @@ type streamState struct {
 }
 
 // streamer is one lead's stream, a small state machine run by stream:
-// connect (the replication connection, START_REPLICATION), then rounds of
-// reading, each followed by what is due (a settled batch acknowledged, a
-// batch handed to the publisher, a status update), until the stream ends;
-// then finish. Its fields are owned by the stream goroutine, but for the
-// round's (roundMu) and done, which the publisher goroutine and ctx's end
-// (wake) touch.
+// connect (the replication connection, START_REPLICATION), then steps,
+// each doing what is due (a settled batch acknowledged, a batch taken and
+// handed to the publisher, a status update) and one read round (decode,
+// enqueue), until the stream ends; then finish. The stream goroutine owns
+// its fields, but for the round's (roundMu) and done, which the publisher
+// goroutine and ctx's end (wake) touch. The publisher goroutine runs
+// settle, a method of the Relayer: it touches none of the stream's state.
 type streamer struct {
 	r *Relayer
 	// ctx ends the stream; runCtx is Run's (see stream).
 	ctx, runCtx context.Context
 	conn        *pgconn.PgConn
 	netConn     net.Conn
-	s           *streamState
+	// What has been read and not yet acknowledged.
+	streamState
 
 	// The batch out: at most one, published by its own goroutine under
 	// pubCtx, and sent on done once settled.
@@ -200,8 +203,8 @@ func (r *Relayer) connect(ctx context.Context) (*pgconn.PgConn, *lingerConn, err
 func (r *Relayer) newStreamer(ctx, runCtx context.Context, conn *pgconn.PgConn, lc *lingerConn, start pglogrepl.LSN) *streamer {
 	st := &streamer{
 		r: r, ctx: ctx, runCtx: runCtx, conn: conn, netConn: conn.Conn(),
-		s:    &streamState{rels: map[uint32]*relation{}, acked: start, lc: lc},
-		done: make(chan batch, 1),
+		streamState: streamState{rels: map[uint32]*relation{}, acked: start, lc: lc},
+		done:        make(chan batch, 1),
 	}
 	r.acked.Store(uint64(start))
 	r.leading.Store(true)
@@ -244,15 +247,15 @@ func (st *streamer) step() error {
 			return fmt.Errorf("publishing stopped: %w", context.Cause(st.pubCtx))
 		}
 		st.inflight = false
-		st.r.advance(st.s, b.end)
+		st.advance(b.end)
 	default:
 	}
 	if !st.inflight {
 		// Nothing out: a commit or heartbeat with nothing queued before
 		// it is acknowledged at once.
-		st.r.advanceIdle(st.s)
-		if len(st.s.queue) > 0 && !st.r.lingering(st.s, time.Now()) {
-			st.publish(st.s.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
+		st.advanceIdle()
+		if len(st.queue) > 0 && !st.lingering(time.Now()) {
+			st.publish(st.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
 		}
 	}
 	if !time.Now().Before(st.nextStatus()) {
@@ -260,7 +263,7 @@ func (st *streamer) step() error {
 			return err
 		}
 	}
-	if st.inflight && (len(st.s.queue) >= st.r.cfg.BatchSize || st.s.bytes >= st.r.cfg.MaxBatchBytes) {
+	if st.inflight && (len(st.queue) >= st.r.cfg.BatchSize || st.bytes >= st.r.cfg.MaxBatchBytes) {
 		return st.waitForRoom()
 	}
 	return st.readRound()
@@ -325,7 +328,7 @@ func (st *streamer) readRound() error {
 // set a new deadline.
 func (st *streamer) armRound() bool {
 	want := st.nextStatus()
-	if l := st.s.queuedAt.Add(lingerMax); !st.inflight && st.r.lingering(st.s, time.Now()) && l.Before(want) {
+	if l := st.queuedAt.Add(lingerMax); !st.inflight && st.lingering(time.Now()) && l.Before(want) {
 		want = l
 	}
 	st.roundMu.Lock()
@@ -359,7 +362,7 @@ func (st *streamer) handle(raw pgproto3.BackendMessage) error {
 			if err != nil {
 				return fmt.Errorf("parse XLogData: %w", err)
 			}
-			return st.r.decode(st.s, xld)
+			return st.decode(xld)
 		}
 	}
 	return nil
@@ -370,14 +373,14 @@ func (st *streamer) keepalive(ka pglogrepl.PrimaryKeepaliveMessage) error {
 	// The server has sent everything before its WAL end: with nothing of
 	// ours open or unacknowledged, that position is acknowledged (as
 	// pg_recvlogical does).
-	if st.r.keepaliveAdvance && !st.s.inTx {
-		st.s.checkpoint(ka.ServerWALEnd, time.Time{})
+	if st.r.keepaliveAdvance && !st.inTx {
+		st.checkpoint(ka.ServerWALEnd, time.Time{})
 	}
 	if !ka.ReplyRequested {
 		return nil
 	}
 	if !st.inflight {
-		st.r.advanceIdle(st.s)
+		st.advanceIdle()
 	}
 	return st.sendStatus(statusWriteTimeout)
 }
@@ -386,10 +389,10 @@ func (st *streamer) keepalive(ka pglogrepl.PrimaryKeepaliveMessage) error {
 // pglogrepl's send takes no context: a deadline bounds the write.
 func (st *streamer) sendStatus(timeout time.Duration) error {
 	st.lastStatus = time.Now()
-	st.sentAcked = st.s.acked
+	st.sentAcked = st.acked
 	_ = st.netConn.SetWriteDeadline(time.Now().Add(timeout))
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
-		WALWritePosition: st.s.acked, WALFlushPosition: st.s.acked, WALApplyPosition: st.s.acked,
+		WALWritePosition: st.acked, WALFlushPosition: st.acked, WALApplyPosition: st.acked,
 	})
 	_ = st.netConn.SetWriteDeadline(time.Time{})
 	if err != nil {
@@ -404,7 +407,7 @@ func (st *streamer) sendStatus(timeout time.Duration) error {
 // statusGap of a batch (and its lag drops to ~0 that soon after a load
 // stops), without an update per small batch.
 func (st *streamer) nextStatus() time.Time {
-	if st.s.acked > st.sentAcked {
+	if st.acked > st.sentAcked {
 		return st.lastStatus.Add(min(statusGap, st.r.cfg.StatusInterval))
 	}
 	return st.lastStatus.Add(st.r.cfg.StatusInterval)
@@ -428,15 +431,15 @@ func (st *streamer) finish() {
 	select {
 	case b := <-st.done:
 		if b.ok {
-			st.r.advance(st.s, b.end)
+			st.advance(b.end)
 			st.inflight = false
 		}
 	default:
 	}
 	if !st.inflight {
-		st.r.advanceIdle(st.s)
-		if st.runCtx.Err() != nil && st.s.inTx && len(st.s.queue) == 0 {
-			st.r.readToCommit(st.ctx, st.conn, st.s)
+		st.advanceIdle()
+		if st.runCtx.Err() != nil && st.inTx && len(st.queue) == 0 {
+			st.readToCommit()
 		}
 	}
 	_ = st.sendStatus(5 * time.Second) // best effort: the slot keeps the last one otherwise
@@ -448,11 +451,11 @@ func (st *streamer) finish() {
 // on to its commit, if nothing else of it comes first, lets that commit
 // be acknowledged rather than the transaction re-sent by the next leader.
 // Bounded, best effort.
-func (r *Relayer) readToCommit(ctx context.Context, conn *pgconn.PgConn, s *streamState) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.cfg.ShutdownTimeout, 5*time.Second))
+func (st *streamer) readToCommit() {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), min(st.r.cfg.ShutdownTimeout, 5*time.Second))
 	defer cancel()
-	for s.inTx && len(s.queue) == 0 {
-		raw, err := conn.ReceiveMessage(rctx)
+	for st.inTx && len(st.queue) == 0 {
+		raw, err := st.conn.ReceiveMessage(rctx)
 		if err != nil {
 			return
 		}
@@ -461,105 +464,105 @@ func (r *Relayer) readToCommit(ctx context.Context, conn *pgconn.PgConn, s *stre
 			continue
 		}
 		xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-		if err != nil || r.decode(s, xld) != nil {
+		if err != nil || st.decode(xld) != nil {
 			return
 		}
 	}
-	r.advanceIdle(s)
+	st.advanceIdle()
 }
 
 // advanceIdle acknowledges the commits and heartbeats at the queue's
 // head, which have nothing queued before them.
-func (r *Relayer) advanceIdle(s *streamState) {
-	for len(s.marks) > 0 && s.marks[0].n == 0 {
-		r.advance(s, s.marks[0].lsn)
-		s.marks = s.marks[1:]
+func (st *streamer) advanceIdle() {
+	for len(st.marks) > 0 && st.marks[0].n == 0 {
+		st.advance(st.marks[0].lsn)
+		st.marks = st.marks[1:]
 	}
 }
 
 // take hands the first queued items, at most n and maxBytes (but at least
 // one), to the publisher, with the position of the last commit among them.
-func (s *streamState) take(n, maxBytes int) batch {
-	n = min(n, len(s.queue))
-	size := s.queue[0].size()
+func (st *streamer) take(n, maxBytes int) batch {
+	n = min(n, len(st.queue))
+	size := st.queue[0].size()
 	for i := 1; i < n; i++ {
-		if size+s.queue[i].size() > maxBytes {
+		if size+st.queue[i].size() > maxBytes {
 			n = i
 			break
 		}
-		size += s.queue[i].size()
+		size += st.queue[i].size()
 	}
-	s.bytes -= size
-	b := batch{items: s.queue[:n:n]}
-	s.queue = s.queue[n:]
+	st.bytes -= size
+	b := batch{items: st.queue[:n:n]}
+	st.queue = st.queue[n:]
 	k := 0
-	for k < len(s.marks) && s.marks[k].n <= n {
-		b.end = s.marks[k].lsn
+	for k < len(st.marks) && st.marks[k].n <= n {
+		b.end = st.marks[k].lsn
 		k++
 	}
-	s.marks = s.marks[k:]
-	for i := range s.marks {
-		s.marks[i].n -= n
+	st.marks = st.marks[k:]
+	for i := range st.marks {
+		st.marks[i].n -= n
 	}
-	if len(s.queue) == 0 {
-		s.queue = nil
-		s.bytes = 0
+	if len(st.queue) == 0 {
+		st.queue = nil
+		st.bytes = 0
 	}
 	return b
 }
 
 // enqueue queues it for the publisher.
-func (r *Relayer) enqueue(s *streamState, it item) {
-	if len(s.queue) == 0 {
-		s.queuedAt = time.Now()
+func (st *streamer) enqueue(it item) {
+	if len(st.queue) == 0 {
+		st.queuedAt = time.Now()
 	}
-	s.queue = append(s.queue, it)
-	s.bytes += it.size()
-	if int64(s.bytes) > r.queuedBytesMax.Load() {
-		r.queuedBytesMax.Store(int64(s.bytes))
+	st.queue = append(st.queue, it)
+	st.bytes += it.size()
+	if int64(st.bytes) > st.r.queuedBytesMax.Load() {
+		st.r.queuedBytesMax.Store(int64(st.bytes))
 	}
 }
 
 // checkpoint records a position that can be acknowledged once everything
 // queued so far is: a commit, a heartbeat, a keepalive's WAL end.
-func (s *streamState) checkpoint(lsn pglogrepl.LSN, committed time.Time) {
-	if lsn <= s.acked {
+func (st *streamer) checkpoint(lsn pglogrepl.LSN, committed time.Time) {
+	if lsn <= st.acked {
 		return
 	}
 	// pending gets one entry per mark, the oldest commit's, not one per
 	// transaction: while a batch retries, transactions that queue nothing
 	// (other tables', heartbeats) must not grow it.
-	if k := len(s.marks); k > 0 && s.marks[k-1].n == len(s.queue) {
-		m := &s.marks[k-1]
+	if k := len(st.marks); k > 0 && st.marks[k-1].n == len(st.queue) {
+		m := &st.marks[k-1]
 		m.lsn = max(m.lsn, lsn)
 		if !committed.IsZero() && !m.timed {
 			m.timed = true
-			s.pending = append(s.pending, mark{lsn: lsn, committed: committed})
+			st.pending = append(st.pending, mark{lsn: lsn, committed: committed})
 		}
 		return
 	}
-	s.marks = append(s.marks, mark{n: len(s.queue), lsn: lsn, timed: !committed.IsZero()})
+	st.marks = append(st.marks, mark{n: len(st.queue), lsn: lsn, timed: !committed.IsZero()})
 	if !committed.IsZero() {
-		s.pending = append(s.pending, mark{lsn: lsn, committed: committed})
+		st.pending = append(st.pending, mark{lsn: lsn, committed: committed})
 	}
 }
 
 // advance acknowledges lsn (the broker has everything before it).
-func (r *Relayer) advance(s *streamState, lsn pglogrepl.LSN) {
-	if lsn > s.acked {
-		s.acked = lsn
-		r.acked.Store(uint64(lsn))
-		r.progress.Add(1)
+func (st *streamer) advance(lsn pglogrepl.LSN) {
+	if lsn > st.acked {
+		st.acked = lsn
+		st.r.acked.Store(uint64(lsn))
+		st.r.progress.Add(1)
 	}
 	k := 0
-	for k < len(s.pending) && s.pending[k].lsn <= s.acked {
+	for k < len(st.pending) && st.pending[k].lsn <= st.acked {
 		k++
 	}
-	s.pending = s.pending[k:]
-	if len(s.pending) == 0 {
-		r.oldestUnacked.Store(0)
+	st.pending = st.pending[k:]
+	if len(st.pending) == 0 {
+		st.r.oldestUnacked.Store(0)
 	} else {
-		r.oldestUnacked.Store(s.pending[0].committed.UnixNano())
+		st.r.oldestUnacked.Store(st.pending[0].committed.UnixNano())
 	}
 }
 
