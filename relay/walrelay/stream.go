@@ -129,12 +129,12 @@ type streamer struct {
 // acknowledged; otherwise (the lock was lost, the stream failed) it is
 // stopped at once.
 func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error {
-	conn, lc, err := r.connect(ctx)
-	if err != nil {
+	st := &streamer{r: r, ctx: ctx, runCtx: runCtx, done: make(chan batch, 1)}
+	if err := st.connect(); err != nil {
 		return err
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the stream is over either way
-	st := r.newStreamer(ctx, runCtx, conn, lc, start)
+	defer st.conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the stream is over either way
+	st.lead(start)
 	defer st.stopPublishing()
 	defer context.AfterFunc(ctx, st.wake)()
 	defer st.finish()
@@ -145,9 +145,10 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	}
 }
 
-// connect opens the replication connection and starts replication from
-// the slot. The lingerConn is the connection's socket when Linger is set.
-func (r *Relayer) connect(ctx context.Context) (*pgconn.PgConn, *lingerConn, error) {
+// connect opens the replication connection (its socket a lingerConn when
+// Linger is set) and starts replication from the slot.
+func (st *streamer) connect() error {
+	r, ctx := st.r, st.ctx
 	pc := r.cfg.Pool.Config().ConnConfig.Config.Copy()
 	// A cancelled operation (a status update, the read to a commit at
 	// shutdown) must not send the walsender a cancel request: a deadline
@@ -185,7 +186,7 @@ func (r *Relayer) connect(ctx context.Context) (*pgconn.PgConn, *lingerConn, err
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	connected.Store(true)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open the replication connection (the role needs the REPLICATION attribute): %w", err)
+		return fmt.Errorf("open the replication connection (the role needs the REPLICATION attribute): %w", err)
 	}
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
@@ -193,19 +194,18 @@ func (r *Relayer) connect(ctx context.Context) (*pgconn.PgConn, *lingerConn, err
 	if err != nil {
 		err = r.classify(ctx, fmt.Errorf("start replication from slot %s: %w", r.cfg.Slot, err))
 		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the start's error
-		return nil, nil, err
+		return err
 	}
-	return conn, lc, nil
+	st.conn, st.netConn, st.lc = conn, conn.Conn(), lc
+	return nil
 }
 
-// newStreamer sets up the stream of a connection that replicates from
-// start, and tells that this relayer leads.
-func (r *Relayer) newStreamer(ctx, runCtx context.Context, conn *pgconn.PgConn, lc *lingerConn, start pglogrepl.LSN) *streamer {
-	st := &streamer{
-		r: r, ctx: ctx, runCtx: runCtx, conn: conn, netConn: conn.Conn(),
-		streamState: streamState{rels: map[uint32]*relation{}, acked: start, lc: lc},
-		done:        make(chan batch, 1),
-	}
+// lead sets up the stream of the connection, which replicates from start,
+// and tells that this relayer leads.
+func (st *streamer) lead(start pglogrepl.LSN) {
+	r, ctx, runCtx := st.r, st.ctx, st.runCtx
+	st.rels = map[uint32]*relation{}
+	st.acked = start
 	r.acked.Store(uint64(start))
 	r.leading.Store(true)
 	r.log.Info("wal relay leads: streaming the slot", "from", start.String())
@@ -218,7 +218,6 @@ func (r *Relayer) newStreamer(ctx, runCtx context.Context, conn *pgconn.PgConn, 
 		t := time.AfterFunc(r.cfg.ShutdownTimeout, st.stopPub)
 		context.AfterFunc(st.pubCtx, func() { t.Stop() })
 	})
-	return st
 }
 
 // stopPublishing releases what newStreamer set up for the batch out.
