@@ -35,8 +35,8 @@ var funcLenKnown = map[string]int{
 	"cli/switch.go:newSwitchToPollCmd":                   89,
 	"cli/watchdog.go:newWatchdogCmd":                     96,
 	"examples/orders/main.go:run":                        113,
-	"internal/relaytest/env.go:(*env).writeLoad":         140,
-	"internal/relaytest/property.go:PublishPathProperty": 168,
+	"relay/sourcetest/env.go:(*env).writeLoad":         140,
+	"relay/sourcetest/property.go:PublishPathProperty": 168,
 	"relay/relay.go:New":                                 84,
 }
 
