@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
@@ -134,7 +135,7 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	if o.pcfg.MaxMessageBytes < 0 {
 		return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", o.pcfg.MaxMessageBytes)
 	}
-	if len(o.pcfg.Source) > outbox.MaxSourceLen || outbox.ValidText(o.pcfg.Source) != "" {
+	if len(o.pcfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(o.pcfg.Source) != "" {
 		return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
 	}
 	kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(o.deliver))
