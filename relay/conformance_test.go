@@ -33,7 +33,7 @@ func pollingSource() relaytest.Source {
 	return relaytest.Source{
 		Name: "poll",
 		Open: func(t *testing.T) *pgtest.DB { return pgtest.New(t, pgtest.Options{MaxConns: 16}) },
-		Start: func(t *testing.T, db *pgtest.DB, pub relay.Publisher, cfg relaytest.RelayerConfig) *relaytest.Relayer {
+		Start: func(t *testing.T, db *pgtest.DB, pub relay.Sink, cfg relaytest.RelayerConfig) *relaytest.Relayer {
 			t.Helper()
 			// A pool of its own, whose sessions (its LISTEN connection
 			// included: it copies the pool's config) Kill can find.
@@ -47,7 +47,7 @@ func pollingSource() relaytest.Source {
 			t.Cleanup(pool.Close)
 			rc := relay.Config{
 				Pool:         pool,
-				Publisher:    pub,
+				Sink:         pub,
 				Tables:       db.Tables,
 				PollInterval: 50 * time.Millisecond,
 				BackoffMin:   10 * time.Millisecond,

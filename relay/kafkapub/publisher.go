@@ -37,7 +37,7 @@ type PublisherConfig struct {
 	Logger *slog.Logger
 }
 
-// Publisher is a relay.Publisher on a franz-go client. The client should
+// Publisher is a relay.Sink on a franz-go client. The client should
 // be built with NewPublisherClient.
 //
 // A failure belongs to the record that caused it. A record larger than its

@@ -45,12 +45,12 @@ func walSource() relaytest.Source {
 			require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 			return db
 		},
-		Start: func(t *testing.T, db *pgtest.DB, pub relay.Publisher, cfg relaytest.RelayerConfig) *relaytest.Relayer {
+		Start: func(t *testing.T, db *pgtest.DB, pub relay.Sink, cfg relaytest.RelayerConfig) *relaytest.Relayer {
 			t.Helper()
 			name := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 			r, err := walrelay.New(walrelay.Config{
 				Pool:               db.Pool,
-				Publisher:          pub,
+				Sink:               pub,
 				Tables:             db.Tables,
 				BatchSize:          cfg.BatchSize,
 				StatusInterval:     200 * time.Millisecond,

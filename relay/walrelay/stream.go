@@ -518,7 +518,7 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 		if !rel.outbox {
 			return nil
 		}
-		it, err := rel.insertItem(m.Tuple, r.cfg.TopicPrefix)
+		it, err := rel.insertItem(m.Tuple, r.cfg.routing)
 		if err != nil {
 			return err
 		}
@@ -540,7 +540,7 @@ func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
 				r.dropped.Add(1)
 				r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
 			default:
-				it, err := messageItem(m.Content, s.commit, r.cfg.TopicPrefix)
+				it, err := messageItem(m.Content, s.commit, r.cfg.routing)
 				if err != nil {
 					r.dropped.Add(1)
 					r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
@@ -622,7 +622,7 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 		}
 		var errs []error
 		if len(send) > 0 {
-			errs = r.cfg.Publisher.Publish(ctx, send)
+			errs = r.cfg.Sink.Publish(ctx, send)
 			if len(errs) != len(send) {
 				errs = make([]error, len(send))
 				for i := range errs {

@@ -1,0 +1,83 @@
+// Package sinktest holds what the tests' fake sinks share: the Kafka
+// sink's routing for fakes that stand in for it, and a routing with rules
+// unlike Kafka's, which shows that producers and sources ask the sink's
+// routing rather than Kafka's rules.
+package sinktest
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/pgoutbox/outbox"
+)
+
+// Kafka gives a fake sink the Routing and ErrorCode of relay.Sink as the
+// Kafka sink has them (outbox.KafkaRouting, which refuses a prefix that
+// cannot start a topic name); a fake embeds it and writes Publish.
+type Kafka struct{}
+
+// Routing is outbox.KafkaRouting for prefix.
+func (Kafka) Routing(prefix string) (outbox.Routing, error) {
+	r := outbox.KafkaRouting{TopicPrefix: prefix}
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// ErrorCode names every error "other".
+func (Kafka) ErrorCode(error) string { return "other" }
+
+// PathLimit is PathRouting's limit on an event's size.
+const PathLimit = 100
+
+// PathRouting is a routing Kafka's rules would not allow: an event type
+// "a/b:c" goes to Prefix+"a/b" (the part before the first ':'), '/' is
+// allowed in a destination and '.' is not, and an event's size is the
+// length of its type, payload and headers, limited to PathLimit bytes.
+type PathRouting struct {
+	Prefix string
+}
+
+var _ outbox.Routing = PathRouting{}
+
+// Destination is Prefix and the type up to its first ':'.
+func (r PathRouting) Destination(eventType string) (string, error) {
+	base, _, ok := strings.Cut(eventType, ":")
+	if !ok || base == "" {
+		return "", fmt.Errorf("%w: type %q names no path; write it as \"path:event\"", outbox.ErrInvalidTopic, eventType)
+	}
+	if strings.Contains(base, ".") {
+		return "", fmt.Errorf("%w: type %q routes to a path with a '.'", outbox.ErrInvalidTopic, eventType)
+	}
+	return r.Prefix + base, nil
+}
+
+// Size counts the type, the payload and the headers, nothing else.
+func (PathRouting) Size(eventType string, payloadLen int, headers map[string]string) int {
+	n := len(eventType) + payloadLen
+	for k, v := range headers {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// Limit is PathLimit bytes of a request body.
+func (PathRouting) Limit() outbox.SizeLimit {
+	return outbox.SizeLimit{Bytes: PathLimit, Unit: "a body", Seen: "as the endpoint will see it", Raise: "the endpoint's body limit"}
+}
+
+// Path gives a fake sink PathRouting (a prefix may not hold a ':') and
+// the ErrorCode "path_error".
+type Path struct{}
+
+// Routing is PathRouting for prefix.
+func (Path) Routing(prefix string) (outbox.Routing, error) {
+	if strings.Contains(prefix, ":") {
+		return nil, fmt.Errorf("path prefix %q holds a ':'", prefix)
+	}
+	return PathRouting{Prefix: prefix}, nil
+}
+
+// ErrorCode names every error "path_error".
+func (Path) ErrorCode(error) string { return "path_error" }
