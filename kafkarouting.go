@@ -42,7 +42,7 @@ func (k KafkaRouting) Validate() error {
 	}
 	if k.TopicPrefix != "" {
 		if err := kafkatopic.Validate(k.TopicPrefix + "x"); err != nil {
-			return fmt.Errorf("topic prefix %q cannot start a topic name: %s", k.TopicPrefix, err)
+			return fmt.Errorf("TopicPrefix %q cannot start a topic name: %s", k.TopicPrefix, err)
 		}
 	}
 	return nil

@@ -39,7 +39,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		want []string
 	}{
 		{"nil pool", func(c *relay.Config) { c.Pool = nil }, []string{"Config.Pool is nil", "pgxpool.Pool"}},
-		{"nil publisher", func(c *relay.Config) { c.Sink = nil }, []string{"Config.Publisher is nil", "kafkapub.NewPublisher"}},
+		{"nil sink", func(c *relay.Config) { c.Sink = nil }, []string{"Config.Sink is nil", "kafkapub.NewPublisher"}},
 		{"negative poll interval", func(c *relay.Config) { c.PollInterval = -time.Second }, []string{"PollInterval is -1s", "positive duration", "0 for the default"}},
 		{"negative hold out", func(c *relay.Config) { c.HoldOut = -time.Minute }, []string{"HoldOut is -1m0s"}},
 		{"negative backoff min", func(c *relay.Config) { c.BackoffMin = -time.Millisecond }, []string{"BackoffMin is -1ms"}},

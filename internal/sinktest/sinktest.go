@@ -9,20 +9,21 @@ import (
 	"strings"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/kafkatopic"
 )
 
 // Kafka gives a fake sink the Routing and ErrorCode of relay.Sink as the
-// Kafka sink has them (outbox.KafkaRouting, which refuses a prefix that
-// cannot start a topic name); a fake embeds it and writes Publish.
+// Kafka sink has them (outbox.KafkaRouting, and the same refusal of a
+// prefix that cannot start a topic name); a fake embeds it and writes
+// Publish.
 type Kafka struct{}
 
 // Routing is outbox.KafkaRouting for prefix.
 func (Kafka) Routing(prefix string) (outbox.Routing, error) {
-	r := outbox.KafkaRouting{TopicPrefix: prefix}
-	if err := r.Validate(); err != nil {
-		return nil, err
+	if err := kafkatopic.Validate(prefix + "x"); prefix != "" && err != nil {
+		return nil, fmt.Errorf("topic prefix %q cannot start a topic name: %s", prefix, err)
 	}
-	return r, nil
+	return outbox.KafkaRouting{TopicPrefix: prefix}, nil
 }
 
 // ErrorCode names every error "other".

@@ -3,11 +3,13 @@ package kafkapub
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/kafkatopic"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -22,11 +24,10 @@ var (
 // producers' default, so a type Emit accepts is a type the relayer can
 // publish. It refuses a prefix that cannot start a topic name.
 func (p *Publisher) Routing(topicPrefix string) (outbox.Routing, error) {
-	r := outbox.KafkaRouting{TopicPrefix: topicPrefix}
-	if err := r.Validate(); err != nil {
-		return nil, err
+	if err := kafkatopic.Validate(topicPrefix + "x"); topicPrefix != "" && err != nil {
+		return nil, fmt.Errorf("topic prefix %q cannot start a topic name: %s", topicPrefix, err)
 	}
-	return r, nil
+	return outbox.KafkaRouting{TopicPrefix: topicPrefix}, nil
 }
 
 // Codes ErrorCode gives errors that carry no Kafka error name.
