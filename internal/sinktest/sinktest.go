@@ -5,11 +5,16 @@
 package sinktest
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/kafkatopic"
+	"github.com/pgoutbox/outbox/relay"
 )
 
 // Kafka gives a fake sink the Routing and ErrorCode of relay.Sink as the
@@ -32,26 +37,25 @@ func (Kafka) ErrorCode(error) string { return "other" }
 // PathLimit is PathRouting's limit on an event's size.
 const PathLimit = 100
 
-// PathRouting is a routing Kafka's rules would not allow: an event type
-// "a/b:c" goes to Prefix+"a/b" (the part before the first ':'), '/' is
-// allowed in a destination and '.' is not, and an event's size is the
-// length of its type, payload and headers, limited to PathLimit bytes.
+// PathRouting is a routing whose rules are not Kafka's: an event type
+// "orders-eu.placed" goes to Prefix+"orders/eu" (the part before the first
+// '.', each '-' a '/'), a prefix may hold '/', a type with '_' before its
+// first '.' has no destination, and an event's size is the length of its
+// type, payload and headers, limited to PathLimit bytes. Its types still
+// pass the outbox table's insert guard, which checks Kafka's syntax.
 type PathRouting struct {
 	Prefix string
 }
 
 var _ outbox.Routing = PathRouting{}
 
-// Destination is Prefix and the type up to its first ':'.
+// Destination is Prefix and the type up to its first '.', '-' made '/'.
 func (r PathRouting) Destination(eventType string) (string, error) {
-	base, _, ok := strings.Cut(eventType, ":")
-	if !ok || base == "" {
-		return "", fmt.Errorf("%w: type %q names no path; write it as \"path:event\"", outbox.ErrInvalidTopic, eventType)
+	base, _, _ := strings.Cut(eventType, ".")
+	if base == "" || strings.Contains(base, "_") {
+		return "", fmt.Errorf("%w: type %q names no path; write it as \"dir-dir.event\", without '_'", outbox.ErrInvalidTopic, eventType)
 	}
-	if strings.Contains(base, ".") {
-		return "", fmt.Errorf("%w: type %q routes to a path with a '.'", outbox.ErrInvalidTopic, eventType)
-	}
-	return r.Prefix + base, nil
+	return r.Prefix + strings.ReplaceAll(base, "-", "/"), nil
 }
 
 // Size counts the type, the payload and the headers, nothing else.
@@ -82,3 +86,38 @@ func (Path) Routing(prefix string) (outbox.Routing, error) {
 
 // ErrorCode names every error "path_error".
 func (Path) ErrorCode(error) string { return "path_error" }
+
+// PathSink is a sink of PathRouting that keeps what it is given and
+// acknowledges it, except that each id in FailOnce fails once, with an
+// error a retry may fix.
+type PathSink struct {
+	Path
+	FailOnce map[int64]bool
+
+	mu  sync.Mutex
+	got []relay.Message
+}
+
+// Publish keeps msgs, failing those of FailOnce the first time.
+func (s *PathSink) Publish(_ context.Context, msgs []relay.Message) []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	errs := make([]error, len(msgs))
+	for i, m := range msgs {
+		if s.FailOnce[m.ID] {
+			delete(s.FailOnce, m.ID)
+			errs[i] = errors.New("the endpoint is busy")
+			continue
+		}
+		m.Payload = slices.Clone(m.Payload)
+		s.got = append(s.got, m)
+	}
+	return errs
+}
+
+// Got returns the messages acknowledged so far, in order.
+func (s *PathSink) Got() []relay.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.got)
+}
