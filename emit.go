@@ -90,7 +90,7 @@ type Config struct {
 	// consumer's span continues its trace. Only a ctx holding a valid span
 	// context is injected; a header the caller set is kept, and a caller
 	// that sets traceparent keeps the whole trace context its own. The
-	// injected headers count toward MaxRecordBytes. The relayer and
+	// injected headers count toward the Routing's limit. The relayer and
 	// consumers must use a propagator that reads what this one writes.
 	// Defaults to propagation.TraceContext{} (W3C Trace Context).
 	Propagator propagation.TextMapPropagator
@@ -518,9 +518,9 @@ func (p *Producer) lockKey(id uuid.UUID) int32 {
 
 // validate checks one event and returns its serialised payload and headers
 // ("" for none). It refuses, before any SQL runs, what Postgres would refuse
-// (which would abort the caller's transaction) and what the broker would:
-// a record larger than MaxRecordBytes once Postgres has normalised the
-// payload. Nothing is rewritten.
+// (which would abort the caller's transaction) and what the sink would, as
+// its Routing says: a type with no destination, an event over the limit
+// once Postgres has normalised the payload. Nothing is rewritten.
 func (p *Producer) validate(ev Event) ([]byte, string, error) {
 	if ev.Type == "" {
 		return nil, "", fmt.Errorf("%w; set Event.Type, e.g. \"order.placed\"", ErrEmptyType)
