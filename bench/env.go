@@ -255,7 +255,7 @@ func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string
 			return nil, err
 		}
 		g.closers = append(g.closers, pool.Close)
-		var pub relay.Publisher = nullPublisher{}
+		var pub relay.Sink = nullPublisher{}
 		if b != nil {
 			client, err := kafkapub.NewPublisherClient(b.cfg)
 			if err != nil {
@@ -267,7 +267,7 @@ func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string
 		}
 		cfg := relay.Config{
 			Pool:        pool,
-			Publisher:   pub,
+			Sink:        pub,
 			Tables:      e.tables,
 			TopicPrefix: prefix,
 			Logger:      e.s.cfg.Logger,

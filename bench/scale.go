@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -172,7 +173,7 @@ func captureClaimSQL(ctx context.Context, e *env) (string, error) {
 		return "", err
 	}
 	defer pool.Close()
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: nullPublisher{}, Tables: e.tables, PollOnly: true, Logger: e.s.cfg.Logger})
+	r, err := relay.New(relay.Config{Pool: pool, Sink: nullPublisher{}, Tables: e.tables, PollOnly: true, Logger: e.s.cfg.Logger})
 	if err != nil {
 		return "", err
 	}
@@ -211,7 +212,7 @@ func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx
 func (t *claimTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // nullPublisher acknowledges everything at once.
-type nullPublisher struct{}
+type nullPublisher struct{ fakesink.Kafka }
 
 func (nullPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))

@@ -17,9 +17,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/internal/clip"
+	"github.com/pgoutbox/outbox/internal/kafkatopic"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -218,7 +218,7 @@ func parseTopics(s string) ([]string, error) {
 		if t = strings.TrimSpace(t); t == "" {
 			continue
 		}
-		if err := outbox.ValidateTopic(t); err != nil {
+		if err := kafkatopic.Validate(t); err != nil {
 			return nil, fmt.Errorf("--topics holds %s", err)
 		}
 		topics = append(topics, t)

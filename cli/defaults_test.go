@@ -12,13 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/cli"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-type nopPublisher struct{}
+type nopPublisher struct{ fakesink.Kafka }
 
 func (nopPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))
@@ -33,7 +34,7 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/x")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: nopPublisher{}})
+	r, err := relay.New(relay.Config{Pool: pool, Sink: nopPublisher{}})
 	require.NoError(t, err)
 	applied := r.Config()
 

@@ -389,7 +389,7 @@ func TestEventsVerbsWithRunningRelayers(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(client.Close)
 		r, err := relay.New(relay.Config{
-			Pool: db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables,
+			Pool: db.Pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables,
 			PollInterval: 100 * time.Millisecond, HoldOut: time.Minute,
 			BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t),
 		})

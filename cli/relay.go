@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
@@ -134,12 +134,10 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	if o.pcfg.MaxMessageBytes < 0 {
 		return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", o.pcfg.MaxMessageBytes)
 	}
-	if len(o.pcfg.Source) > outbox.MaxSourceLen || outbox.ValidText(o.pcfg.Source) != "" {
+	if len(o.pcfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(o.pcfg.Source) != "" {
 		return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
 	}
-	kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(o.deliver))
-	kcfg.Logger, o.pcfg.Logger = log, log
-	client, err := kafkapub.NewPublisherClient(kcfg)
+	sink, client, err := kafkaSink(kcfg, o.pcfg, o.deliver, log)
 	if err != nil {
 		return err
 	}
@@ -153,13 +151,13 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 		return err
 	}
 	if o.mode == "wal" {
-		return runWALRelay(ctx, o, pool, client, kafkapub.NewPublisher(client, o.pcfg), t, log)
+		return runWALRelay(ctx, o, pool, sink, t, log)
 	}
 	o.cfg.Pool = pool
-	o.cfg.Publisher = kafkapub.NewPublisher(client, o.pcfg)
+	o.cfg.Sink = sink
 	o.cfg.Tables = t
 	o.cfg.Logger = log
-	if err := o.ops.instrument(&o.cfg, client); err != nil {
+	if err := o.ops.instrument(&o.cfg); err != nil {
 		return err
 	}
 	r, err := relay.New(o.cfg)

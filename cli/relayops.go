@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
@@ -52,8 +51,8 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 
 // instrument checks the flags, builds the monitor and adds its metrics to
 // cfg.Hooks. cfg.Pool, Tables and Logger must be set; /readyz asks
-// brokerCheck(cfg.Publisher, client).
-func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
+// cfg.Sink's Ready, when it has one.
+func (o *relayOps) instrument(cfg *relay.Config) error {
 	if err := o.check(); err != nil {
 		return err
 	}
@@ -63,9 +62,7 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	mc.DisableCleanup = o.cleanupInterval == 0
 	mc.Cleanup.ProcessedRetention = o.processedRetention
 	mc.Cleanup.SkipProcessed = o.processedRetention == 0
-	if client != nil {
-		mc.Checks = append(mc.Checks, brokerCheck(cfg.Publisher, client))
-	}
+	mc.Checks = append(mc.Checks, brokerChecks(cfg.Sink)...)
 	mon, err := ops.NewMonitor(mc)
 	if err != nil {
 		return err
@@ -75,15 +72,15 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	return nil
 }
 
-// brokerCheck is /readyz's broker condition: the publisher's Ready when it
-// has one (kafkapub's fails while publishing fails, not only while the
-// broker does not answer: a broker can answer metadata requests and refuse
-// every record), else a ping of client.
-func brokerCheck(pub relay.Publisher, client *kgo.Client) ops.ReadyCheck {
-	if r, ok := pub.(interface{ Ready(context.Context) error }); ok {
-		return ops.ReadyCheck{Name: "broker", Check: r.Ready}
+// brokerChecks are /readyz's broker condition: the sink's Ready, when it
+// is a relay.Readier (kafkapub's fails while publishing fails, not only
+// while the broker does not answer: a broker can answer metadata requests
+// and refuse every record); none for a sink that cannot tell.
+func brokerChecks(sink relay.Sink) []ops.ReadyCheck {
+	if r, ok := sink.(relay.Readier); ok {
+		return []ops.ReadyCheck{{Name: "broker", Check: r.Ready}}
 	}
-	return ops.ReadyCheck{Name: "broker", Check: client.Ping}
+	return nil
 }
 
 // check checks the flags shared by both modes and settles --http's
@@ -118,7 +115,7 @@ func (o *relayOps) check() error {
 // and runs the slot watchdog and WAL-mode cleanup (rows older than
 // --retention whose commit the slot has confirmed). --stuck-after and
 // --max-lag, which read pending rows, do not apply.
-func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, client *kgo.Client, wd ops.WALWatchdogConfig) (stop func(), err error) {
+func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, wd ops.WALWatchdogConfig) (stop func(), err error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
@@ -131,9 +128,7 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, client *kg
 		RefreshInterval: o.cfg.RefreshInterval, WatchdogInterval: o.cfg.WatchdogInterval, Watchdog: wd,
 		CleanupInterval: o.cleanupInterval, DisableCleanup: o.cleanupInterval == 0, Cleanup: cleanup,
 	}
-	if client != nil {
-		mc.Checks = append(mc.Checks, brokerCheck(rc.Publisher, client))
-	}
+	mc.Checks = append(mc.Checks, brokerChecks(rc.Sink)...)
 	mon, err := ops.NewWALMonitor(mc)
 	if err != nil {
 		return nil, err

@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
@@ -176,13 +175,13 @@ func printSecureMessages(ctx context.Context, g *globals, pool *pgxpool.Pool, t 
 }
 
 // runWALRelay runs the WAL source until ctx is cancelled.
-func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, client *kgo.Client, pub relay.Publisher, t outbox.Tables, log *slog.Logger) error {
+func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, sink relay.Sink, t outbox.Tables, log *slog.Logger) error {
 	if err := checkSchema(ctx, pool, t); err != nil {
 		return err
 	}
 	var err error
 	cfg := o.wal.cfg
-	cfg.Pool, cfg.Publisher, cfg.Tables, cfg.Logger = pool, pub, t, log
+	cfg.Pool, cfg.Sink, cfg.Tables, cfg.Logger = pool, sink, t, log
 	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, pool, t, log); err != nil {
 		return err
 	}
@@ -194,7 +193,7 @@ func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, clien
 	if err != nil {
 		return err
 	}
-	stopOps, err := o.ops.startWAL(ctx, r, client, ops.WALWatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
+	stopOps, err := o.ops.startWAL(ctx, r, ops.WALWatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
 	if err != nil {
 		return err
 	}

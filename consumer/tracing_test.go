@@ -56,7 +56,7 @@ func TestTraceFromEmitToHandler(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	r, err := relay.New(relay.Config{
-		Pool: b.db.Pool, Tables: b.db.Tables, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
+		Pool: b.db.Pool, Tables: b.db.Tables, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler), TracerProvider: tp,
 	})
 	require.NoError(t, err)

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/migrate"
 )
 
@@ -241,7 +242,7 @@ func showEvent(ctx context.Context, db Queryer, t outbox.Tables, id int64, previ
 	d.PayloadTruncated = len(d.Payload) < d.PayloadBytes
 	var hm map[string]string
 	if d.Headers == nil || json.Unmarshal(d.Headers, &hm) == nil {
-		d.RecordBytes = outbox.RecordSize(d.ID, d.Type, d.PayloadBytes, hm, "")
+		d.RecordBytes = outbox.KafkaRouting{}.RecordSize(d.ID, d.Type, d.PayloadBytes, hm, "")
 	}
 	return d, nil
 }
@@ -501,7 +502,7 @@ func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) 
 	if strings.TrimSpace(cfg.Reason) == "" {
 		return res, errors.New("ops: park needs a reason: it is kept with the parked row for whoever unparks it")
 	}
-	if why := outbox.ValidText(cfg.Reason); why != "" {
+	if why := pgtext.Invalid(cfg.Reason); why != "" {
 		return res, fmt.Errorf("ops: park reason %s; write it as plain text", why)
 	}
 	if cfg.LockTimeout < 0 {

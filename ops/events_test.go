@@ -154,7 +154,7 @@ func TestShowEvent(t *testing.T) {
 	require.Equal(t, len(`{"n": 1}`), e.PayloadBytes)
 	require.False(t, e.PayloadTruncated)
 	require.Nil(t, e.Headers)
-	require.Equal(t, outbox.RecordSize(head, "order.placed", e.PayloadBytes, nil, ""), e.RecordBytes)
+	require.Equal(t, outbox.KafkaRouting{}.RecordSize(head, "order.placed", e.PayloadBytes, nil, ""), e.RecordBytes)
 	require.Zero(t, e.BlockedBy, "the aggregate's oldest pending row waits for nothing")
 	require.NotNil(t, e.Failure)
 	require.Equal(t, "too_large", e.Failure.Reason)
@@ -173,7 +173,7 @@ func TestShowEvent(t *testing.T) {
 	require.Len(t, e.Payload, 499, "the preview stops before a character it would split")
 	require.True(t, strings.HasPrefix(long, e.Payload))
 	require.JSONEq(t, `{"trace": "t-1"}`, string(e.Headers))
-	require.Equal(t, outbox.RecordSize(behind, "order.paid", 602, map[string]string{"trace": "t-1"}, ""), e.RecordBytes)
+	require.Equal(t, outbox.KafkaRouting{}.RecordSize(behind, "order.paid", 602, map[string]string{"trace": "t-1"}, ""), e.RecordBytes)
 
 	e, err = show(behind, -1)
 	require.NoError(t, err)

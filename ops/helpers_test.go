@@ -58,7 +58,7 @@ func (b *bundle) client(t *testing.T) *kgo.Client {
 func (b *bundle) relayConfig(t *testing.T, cl *kgo.Client) relay.Config {
 	return relay.Config{
 		Pool:         b.db.Pool,
-		Publisher:    kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{}),
+		Sink:         kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{}),
 		Tables:       b.db.Tables,
 		PollInterval: 50 * time.Millisecond,
 		BackoffMin:   10 * time.Millisecond,

@@ -52,7 +52,7 @@ func switchSetup(t *testing.T) (*bundle, string) {
 // gate holds every Publish until it is opened: a broker that does not
 // answer, as far as the relayer can tell.
 type gate struct {
-	relay.Publisher
+	relay.Sink
 	open chan struct{}
 	once sync.Once
 }
@@ -60,7 +60,7 @@ type gate struct {
 func (g *gate) Publish(ctx context.Context, msgs []relay.Message) []error {
 	select {
 	case <-g.open:
-		return g.Publisher.Publish(ctx, msgs)
+		return g.Sink.Publish(ctx, msgs)
 	case <-ctx.Done():
 		errs := make([]error, len(msgs))
 		for i := range errs {
@@ -74,9 +74,9 @@ func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
 
 // runWAL runs a WAL relayer on the bundle's outbox (it creates the slot
 // when missing) and waits until it streams; stop ends it as SIGTERM does.
-func (b *bundle) runWAL(t *testing.T, pub relay.Publisher, mod func(*walrelay.Config)) (stop func()) {
+func (b *bundle) runWAL(t *testing.T, pub relay.Sink, mod func(*walrelay.Config)) (stop func()) {
 	t.Helper()
-	cfg := walrelay.Config{Pool: b.db.Pool, Publisher: pub, Tables: b.db.Tables, ShutdownTimeout: 5 * time.Second,
+	cfg := walrelay.Config{Pool: b.db.Pool, Sink: pub, Tables: b.db.Tables, ShutdownTimeout: 5 * time.Second,
 		LeaderPollInterval: 100 * time.Millisecond, Logger: testLogger(t)}
 	if mod != nil {
 		mod(&cfg)
@@ -92,7 +92,7 @@ func (b *bundle) runWAL(t *testing.T, pub relay.Publisher, mod func(*walrelay.Co
 	return stop
 }
 
-func (b *bundle) publisher(t *testing.T) relay.Publisher {
+func (b *bundle) publisher(t *testing.T) relay.Sink {
 	return kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{})
 }
 
@@ -380,7 +380,7 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 	t.Run("timeout", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
-		g := &gate{Publisher: b.publisher(t), open: make(chan struct{})}
+		g := &gate{Sink: b.publisher(t), open: make(chan struct{})}
 		b.runWAL(t, g, nil)
 		t.Cleanup(g.release) // before the relayer stops: cleanups run in reverse
 		b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})

@@ -183,7 +183,7 @@ func runBatchMemoryChild(t *testing.T, jobJSON string) {
 	)
 	tables := outbox.Tables{Schema: job.Schema}.WithDefaults()
 	r, err := relay.New(relay.Config{
-		Pool: pool, Tables: tables, Publisher: pub, MaxBatchBytes: job.Budget,
+		Pool: pool, Tables: tables, Sink: pub, MaxBatchBytes: job.Budget,
 		PollInterval: 50 * time.Millisecond, PollOnly: true,
 		Logger: slog.New(slog.DiscardHandler),
 		OnBatch: func(res relay.BatchResult) {

@@ -13,10 +13,11 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/relay"
 )
 
-type discardPublisher struct{}
+type discardPublisher struct{ fakesink.Kafka }
 
 func (discardPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))
@@ -30,7 +31,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	good := func() relay.Config { return relay.Config{Pool: pool, Publisher: discardPublisher{}} }
+	good := func() relay.Config { return relay.Config{Pool: pool, Sink: discardPublisher{}} }
 
 	for _, tc := range []struct {
 		name string
@@ -38,7 +39,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		want []string
 	}{
 		{"nil pool", func(c *relay.Config) { c.Pool = nil }, []string{"Config.Pool is nil", "pgxpool.Pool"}},
-		{"nil publisher", func(c *relay.Config) { c.Publisher = nil }, []string{"Config.Publisher is nil", "kafkapub.NewPublisher"}},
+		{"nil sink", func(c *relay.Config) { c.Sink = nil }, []string{"Config.Sink is nil", "kafkapub.NewPublisher"}},
 		{"negative poll interval", func(c *relay.Config) { c.PollInterval = -time.Second }, []string{"PollInterval is -1s", "positive duration", "0 for the default"}},
 		{"negative hold out", func(c *relay.Config) { c.HoldOut = -time.Minute }, []string{"HoldOut is -1m0s"}},
 		{"negative backoff min", func(c *relay.Config) { c.BackoffMin = -time.Millisecond }, []string{"BackoffMin is -1ms"}},

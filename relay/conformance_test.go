@@ -32,7 +32,7 @@ func pollingSource() sourcetest.Source {
 	return sourcetest.Source{
 		Name: "poll",
 		Open: func(t *testing.T) *sourcetest.DB { return sourcetest.NewDB(t, "") },
-		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Publisher, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
+		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Sink, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
 			t.Helper()
 			// A pool of its own, whose sessions (its LISTEN connection
 			// included: it copies the pool's config) Kill can find.
@@ -46,7 +46,7 @@ func pollingSource() sourcetest.Source {
 			t.Cleanup(pool.Close)
 			rc := relay.Config{
 				Pool:         pool,
-				Publisher:    pub,
+				Sink:         pub,
 				Tables:       db.Tables,
 				PollInterval: 50 * time.Millisecond,
 				BackoffMin:   10 * time.Millisecond,

@@ -51,7 +51,7 @@ func (b *bundle) relayer(t *testing.T, mod func(*relay.Config)) *relay.Relayer {
 	t.Helper()
 	cfg := relay.Config{
 		Pool:         b.db.Pool,
-		Publisher:    b.publisher(t),
+		Sink:         b.publisher(t),
 		Tables:       b.db.Tables,
 		PollInterval: 50 * time.Millisecond,
 		BackoffMin:   10 * time.Millisecond,

@@ -44,9 +44,12 @@ type PublishFailure struct {
 	// Err is the row's error; IsPermanent and ReasonOf classify it.
 	Err error
 	// Refused is true when the relayer refused the row itself, before it
-	// reached the Publisher: headers it cannot decode, a type routing to no
+	// reached the Sink: headers it cannot decode, a type routing to no
 	// valid topic. Err is then permanent.
 	Refused bool
+	// Code is the sink's name for Err (Sink.ErrorCode), for metrics; ""
+	// when Refused.
+	Code string
 }
 
 // hooks are Config.Hooks (and Config.OnBatch) sorted by kind at New.
@@ -94,10 +97,13 @@ func (h *hooks) onBatch(res BatchResult) {
 }
 
 // onFailures reports the rows of c that settle counted as failures, by
-// index.
-func (h *hooks) onFailures(c *claimed, errs []error, failed []int) {
+// index, with sink's code for each error.
+func (h *hooks) onFailures(sink Sink, c *claimed, errs []error, failed []int) {
 	for _, i := range failed {
 		f := PublishFailure{Message: c.msgs[i], Err: errs[i], Refused: c.refused[c.msgs[i].ID]}
+		if !f.Refused {
+			f.Code = sink.ErrorCode(f.Err)
+		}
 		for _, hk := range h.failure {
 			hk.OnPublishFailure(f)
 		}

@@ -54,14 +54,14 @@ func (h batchOnlyHook) OnBatch(relay.BatchResult) {
 
 // failingPublisher refuses one row for good and fails another once.
 type failingPublisher struct {
-	inner                relay.Publisher
+	relay.Sink
 	permanent, transient int64
 	mu                   sync.Mutex
 	failedOnce           bool
 }
 
 func (p *failingPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
-	errs := p.inner.Publish(ctx, msgs)
+	errs := p.Sink.Publish(ctx, msgs)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i, m := range msgs {
@@ -94,7 +94,7 @@ func TestHooksObserveBatchesFailuresAndFailedBatches(t *testing.T) {
 	var calls []string
 	rec := &recordingHook{calls: &calls}
 	r := b.relayer(t, func(c *relay.Config) {
-		c.Publisher = &failingPublisher{inner: c.Publisher, permanent: permanent, transient: transient}
+		c.Sink = &failingPublisher{Sink: c.Sink, permanent: permanent, transient: transient}
 		c.Hooks = []relay.Hook{rec, batchOnlyHook{rec}}
 		c.OnBatch = func(relay.BatchResult) {
 			rec.mu.Lock()
@@ -172,7 +172,7 @@ func TestNewRefusesHooksThatObserveNothing(t *testing.T) {
 		{nil, "Config.Hooks[0] is nil"},
 		{struct{}{}, "Config.Hooks[0] (struct {}) implements none of BatchHook, PublishFailureHook, BatchErrorHook"},
 	} {
-		_, err := relay.New(relay.Config{Pool: b.db.Pool, Publisher: b.publisher(t), Hooks: []relay.Hook{tc.hook}})
+		_, err := relay.New(relay.Config{Pool: b.db.Pool, Sink: b.publisher(t), Hooks: []relay.Hook{tc.hook}})
 		require.ErrorContains(t, err, tc.err)
 	}
 }

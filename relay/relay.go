@@ -7,7 +7,7 @@
 //
 //	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
 //	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub})
+//	r, err := relay.New(relay.Config{Pool: pool, Sink: pub})
 //	err = r.Run(ctx) // until ctx is cancelled
 package relay
 
@@ -51,16 +51,18 @@ const (
 	DefaultShutdownTimeout  = 30 * time.Second
 )
 
-// Config configures a Relayer. Pool and Publisher are required.
+// Config configures a Relayer. Pool and Sink are required.
 type Config struct {
 	// Pool connects to the database holding the outbox. Required.
 	Pool *pgxpool.Pool
-	// Publisher delivers batches to the broker. Required.
-	Publisher Publisher
+	// Sink delivers batches to the broker and routes event types to its
+	// destinations. Required.
+	Sink Sink
 	// Tables names the outbox table. Defaults to public.events_outbox.
 	Tables outbox.Tables
-	// TopicPrefix is prepended to the topic derived from each event type.
-	// It must match the producers'. Defaults to "".
+	// TopicPrefix is prepended to the topic derived from each event type
+	// (the Sink's Routing says how). It must match the producers'.
+	// Defaults to "".
 	TopicPrefix string
 	// BatchSize is the most rows one claim takes. Larger batches spread
 	// each claim's fixed costs (the walks over the pending index, the
@@ -201,6 +203,7 @@ type Hold struct {
 // with Run.
 type Relayer struct {
 	cfg       Config
+	routing   outbox.Routing
 	log       *slog.Logger
 	claimSQL  string
 	unmarkSQL string
@@ -217,17 +220,16 @@ func New(cfg Config) (*Relayer, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("relay: Config.Pool is nil; pass a *pgxpool.Pool connected to the outbox database")
 	}
-	if cfg.Publisher == nil {
-		return nil, errors.New("relay: Config.Publisher is nil; pass a publisher, e.g. kafkapub.NewPublisher")
+	if cfg.Sink == nil {
+		return nil, errors.New("relay: Config.Sink is nil; pass a sink, e.g. kafkapub.NewPublisher")
 	}
 	if err := cfg.Tables.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.Tables = cfg.Tables.WithDefaults()
-	if cfg.TopicPrefix != "" {
-		if err := outbox.ValidateTopic(cfg.TopicPrefix + "x"); err != nil {
-			return nil, fmt.Errorf("relay: topic prefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
-		}
+	routing, err := cfg.Sink.Routing(cfg.TopicPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
 	}
 	type dflt struct {
 		name string
@@ -288,6 +290,7 @@ func New(cfg Config) (*Relayer, error) {
 	}
 	return &Relayer{
 		cfg:       cfg,
+		routing:   routing,
 		hooks:     h,
 		tracing:   newTracing(cfg),
 		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
@@ -520,7 +523,7 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	}
 	ackedAt := time.Now()
 	unmark, holds, failed, firstTransient := r.settle(msgs, errs, ackedAt, &res)
-	r.hooks.onFailures(c, errs, failed)
+	r.hooks.onFailures(r.cfg.Sink, c, errs, failed)
 	if len(unmark) > 0 {
 		if _, err := tx.Exec(ctx, r.unmarkSQL, unmark); err != nil {
 			return res, fmt.Errorf("return %d unacknowledged rows to pending: %w", len(unmark), err)
@@ -575,7 +578,7 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 		}
 		err := c.bad[m.ID]
 		if err == nil {
-			m.Topic, err = outbox.Topic(r.cfg.TopicPrefix, m.Type)
+			m.Topic, err = r.routing.Destination(m.Type)
 			err = PermanentReason(ReasonInvalidTopic, err)
 		}
 		if err != nil {
@@ -597,7 +600,7 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 		return errs, nil
 	}
 	pctx, endSpan := r.tracing.startPublish(ctx, send)
-	perr := r.cfg.Publisher.Publish(pctx, send)
+	perr := r.cfg.Sink.Publish(pctx, send)
 	if len(perr) != len(send) {
 		err := fmt.Errorf("publisher returned %d results for %d messages", len(perr), len(send))
 		endSpan(nil, err)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -113,7 +114,7 @@ func TestRelayPublishSpanRecordsFailures(t *testing.T) {
 		_, err := p.Emit(context.Background(), tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 1})
 		return err
 	}))
-	r, err := relay.New(relay.Config{Pool: db.Pool, Tables: db.Tables, Publisher: refuseAll{}, TracerProvider: tp,
+	r, err := relay.New(relay.Config{Pool: db.Pool, Tables: db.Tables, Sink: refuseAll{}, TracerProvider: tp,
 		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	run(t, r)
@@ -128,7 +129,7 @@ func TestRelayPublishSpanRecordsFailures(t *testing.T) {
 	require.NotContains(t, attrMap(s.Attributes()), "messaging.system", "a publisher that names no system")
 }
 
-type refuseAll struct{}
+type refuseAll struct{ fakesink.Kafka }
 
 func (refuseAll) Publish(_ context.Context, msgs []relay.Message) []error {
 	errs := make([]error, len(msgs))
@@ -222,7 +223,7 @@ func BenchmarkRelayBatchTraced(b *testing.B) {
 			}
 			var dispatched atomic.Int64
 			r, err := relay.New(relay.Config{
-				Pool: db.Pool, Publisher: devBroker(b), Tables: db.Tables, BatchSize: batch, TracerProvider: prov.tp,
+				Pool: db.Pool, Sink: devBroker(b), Tables: db.Tables, BatchSize: batch, TracerProvider: prov.tp,
 				Logger:  slog.New(slog.DiscardHandler),
 				OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
 			})

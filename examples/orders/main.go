@@ -127,7 +127,7 @@ func run(ctx context.Context, out io.Writer, databaseURL string) error {
 		return err
 	}
 	defer client.Close()
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
+	r, err := relay.New(relay.Config{Pool: pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
 		Tables: tables, PollInterval: 100 * time.Millisecond, Logger: log})
 	if err != nil {
 		return err

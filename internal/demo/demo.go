@@ -316,7 +316,7 @@ func (d *demo) startServices(ctx context.Context) error {
 		}
 		d.deferred(client.Close)
 		r, err := relay.New(relay.Config{
-			Pool: d.pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}),
+			Pool: d.pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}),
 			Tables: d.tables, TopicPrefix: d.prefix, PollInterval: 200 * time.Millisecond,
 			Logger: d.cfg.Logger.With("relayer", i+1),
 			OnBatch: func(b relay.BatchResult) {

@@ -32,7 +32,7 @@ const (
 	HeartbeatPrefix = "outbox-heartbeat"
 )
 
-// Config configures a Relayer. Pool and Publisher are required.
+// Config configures a Relayer. Pool and Sink are required.
 type Config struct {
 	// Pool connects to the database holding the outbox. The relayer takes
 	// its leader lock, heartbeats, parks refused events and reads the
@@ -40,12 +40,14 @@ type Config struct {
 	// the pool's connection settings (plus replication=database): the
 	// role needs the REPLICATION attribute. Required.
 	Pool *pgxpool.Pool
-	// Publisher delivers messages to the broker. Required.
-	Publisher relay.Publisher
+	// Sink delivers messages to the broker and routes event types to its
+	// destinations. Required.
+	Sink relay.Sink
 	// Tables names the outbox table. Defaults to public.events_outbox.
 	Tables outbox.Tables
-	// TopicPrefix is prepended to the topic derived from each event type,
-	// as for the polling relay. Defaults to "".
+	// TopicPrefix is prepended to the topic derived from each event type
+	// (the Sink's Routing says how), as for the polling relay. Defaults to
+	// "".
 	TopicPrefix string
 	// Slot is the logical replication slot to read. Defaults to
 	// DefaultName of the pool's database and Tables. When both Slot and
@@ -150,25 +152,26 @@ type Config struct {
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	defaultNames bool // Slot and Publication were both left empty
+	defaultNames bool           // Slot and Publication were both left empty
+	routing      outbox.Routing // the Sink's, for TopicPrefix
 }
 
 func (cfg *Config) applyDefaults() error {
 	if cfg.Pool == nil {
 		return errors.New("walrelay: Config.Pool is nil; pass a *pgxpool.Pool connected to the outbox database")
 	}
-	if cfg.Publisher == nil {
-		return errors.New("walrelay: Config.Publisher is nil; pass a publisher, e.g. kafkapub.NewPublisher")
+	if cfg.Sink == nil {
+		return errors.New("walrelay: Config.Sink is nil; pass a sink, e.g. kafkapub.NewPublisher")
 	}
 	if err := cfg.Tables.Validate(); err != nil {
 		return err
 	}
 	cfg.Tables = cfg.Tables.WithDefaults()
-	if cfg.TopicPrefix != "" {
-		if err := outbox.ValidateTopic(cfg.TopicPrefix + "x"); err != nil {
-			return fmt.Errorf("walrelay: topic prefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
-		}
+	routing, err := cfg.Sink.Routing(cfg.TopicPrefix)
+	if err != nil {
+		return fmt.Errorf("walrelay: %w", err)
 	}
+	cfg.routing = routing
 	cfg.defaultNames = cfg.Slot == "" && cfg.Publication == ""
 	if cfg.Slot == "" {
 		cfg.Slot = DefaultNameOf(cfg.Pool, cfg.Tables)

@@ -44,12 +44,12 @@ func walSource() sourcetest.Source {
 			require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 			return (*sourcetest.DB)(db)
 		},
-		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Publisher, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
+		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Sink, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
 			t.Helper()
 			name := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 			r, err := walrelay.New(walrelay.Config{
 				Pool:               db.Pool,
-				Publisher:          pub,
+				Sink:               pub,
 				Tables:             db.Tables,
 				BatchSize:          cfg.BatchSize,
 				StatusInterval:     200 * time.Millisecond,

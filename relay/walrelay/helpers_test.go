@@ -124,7 +124,7 @@ func (b *bundle) relayer(t testing.TB, mod func(*walrelay.Config)) *walrelay.Rel
 	t.Cleanup(client.Close)
 	cfg := walrelay.Config{
 		Pool:               b.db.Pool,
-		Publisher:          kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"}),
+		Sink:               kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"}),
 		Tables:             b.db.Tables,
 		StatusInterval:     200 * time.Millisecond,
 		LeaderPollInterval: 100 * time.Millisecond,

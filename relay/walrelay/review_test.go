@@ -57,7 +57,7 @@ func (b *bundle) emitMessage(t *testing.T, fields map[string]any) int64 {
 // recorder wraps a publisher, records what it was given, and can hold the
 // first call until released.
 type recorder struct {
-	inner relay.Publisher
+	relay.Sink
 
 	mu       sync.Mutex
 	ids      map[int64]int
@@ -71,8 +71,8 @@ type recorder struct {
 	gateOnce sync.Once
 }
 
-func newRecorder(inner relay.Publisher) *recorder {
-	return &recorder{inner: inner, ids: map[int64]int{}, entered: make(chan struct{}), release: make(chan struct{})}
+func newRecorder(inner relay.Sink) *recorder {
+	return &recorder{Sink: inner, ids: map[int64]int{}, entered: make(chan struct{}), release: make(chan struct{})}
 }
 
 func (p *recorder) Publish(ctx context.Context, msgs []relay.Message) []error {
@@ -98,7 +98,7 @@ func (p *recorder) Publish(ctx context.Context, msgs []relay.Message) []error {
 			<-p.release
 		})
 	}
-	return p.inner.Publish(ctx, msgs)
+	return p.Sink.Publish(ctx, msgs)
 }
 
 func (p *recorder) sent(id int64) int {
@@ -107,7 +107,7 @@ func (p *recorder) sent(id int64) int {
 	return p.ids[id]
 }
 
-func (b *bundle) kafkaPublisher(t *testing.T) relay.Publisher {
+func (b *bundle) kafkaPublisher(t *testing.T) relay.Sink {
 	t.Helper()
 	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
 		Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
@@ -170,7 +170,7 @@ func TestMaxBatchBytesBoundsBatchesAndQueue(t *testing.T) {
 	const limit = 64 << 10
 	rec := newRecorder(b.kafkaPublisher(t))
 	r := b.relayer(t, func(c *walrelay.Config) {
-		c.Publisher = rec
+		c.Sink = rec
 		c.MaxBatchBytes = limit
 	})
 	ctx := context.Background()
@@ -217,7 +217,7 @@ func TestUnknownTopicIsRetriedWithinGraceInvalidNameParkedAtOnce(t *testing.T) {
 	t.Cleanup(client.Close)
 	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
 
-	r := b.relayer(t, func(c *walrelay.Config) { c.Publisher = pub; c.UnknownTopicGrace = time.Hour })
+	r := b.relayer(t, func(c *walrelay.Config) { c.Sink = pub; c.UnknownTopicGrace = time.Hour })
 	run(t, r)
 	waitLeading(t, r)
 	waiting := b.insert(t, "invoice.sent", `{}`)
@@ -263,7 +263,7 @@ func TestUnknownTopicPastGraceIsParked(t *testing.T) {
 	_, err = kadm.NewClient(client).CreateTopic(ctx, 1, 1, nil, "order")
 	require.NoError(t, err)
 	r := b.relayer(t, func(cfg *walrelay.Config) {
-		cfg.Publisher = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
+		cfg.Sink = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
 		cfg.UnknownTopicGrace = time.Millisecond
 	})
 	run(t, r)
@@ -293,7 +293,7 @@ func TestStopLetsTheBatchInFlightFinish(t *testing.T) {
 	b := setup(t)
 	rec := newRecorder(b.kafkaPublisher(t))
 	rec.gate = true
-	r := b.relayer(t, func(c *walrelay.Config) { c.Publisher = rec })
+	r := b.relayer(t, func(c *walrelay.Config) { c.Sink = rec })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -327,7 +327,7 @@ func TestStopLetsTheBatchInFlightFinish(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "the slot was not told")
 
 	rec2 := newRecorder(b.kafkaPublisher(t))
-	r2 := b.relayer(t, func(c *walrelay.Config) { c.Publisher = rec2 })
+	r2 := b.relayer(t, func(c *walrelay.Config) { c.Sink = rec2 })
 	run(t, r2)
 	next := b.insert(t, "order.placed", `{}`)
 	require.Eventually(t, func() bool { return rec2.sent(next) > 0 }, 20*time.Second, 20*time.Millisecond)
@@ -408,9 +408,9 @@ func TestConfigLimits(t *testing.T) {
 	_, err := walrelay.New(walrelay.Config{Pool: nil})
 	require.Error(t, err)
 	b := setup(t)
-	_, err = walrelay.New(walrelay.Config{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables, StatusInterval: time.Minute})
+	_, err = walrelay.New(walrelay.Config{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables, StatusInterval: time.Minute})
 	require.ErrorContains(t, err, "StatusInterval")
-	r, err := walrelay.New(walrelay.Config{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables})
+	r, err := walrelay.New(walrelay.Config{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables})
 	require.NoError(t, err)
 	require.Equal(t, relay.DefaultMaxBatchBytes, r.Config().MaxBatchBytes)
 	require.Equal(t, relay.DefaultShutdownTimeout, r.Config().ShutdownTimeout)

@@ -82,7 +82,7 @@ func (r *Relayer) publishRound(ctx context.Context, items []item, unknownSince *
 	}
 	var errs []error
 	if len(send) > 0 {
-		errs = r.cfg.Publisher.Publish(ctx, send)
+		errs = r.cfg.Sink.Publish(ctx, send)
 		if len(errs) != len(send) {
 			errs = make([]error, len(send))
 			for i := range errs {

@@ -110,7 +110,7 @@ func (b *bundle) relayer(t *testing.T) *relay.Relayer {
 	t.Cleanup(client.Close)
 	r, err := relay.New(relay.Config{
 		Pool:         b.db.Pool,
-		Publisher:    kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
+		Sink:         kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
 		Tables:       b.db.Tables,
 		PollInterval: 20 * time.Millisecond,
 		BackoffMin:   10 * time.Millisecond,
