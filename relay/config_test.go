@@ -12,8 +12,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/fakesink"
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/relay"
 )
 

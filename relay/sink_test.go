@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/fakesink"
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/relay"
 )
 
