@@ -50,9 +50,8 @@ func benchDrain(b *testing.B, pub func(b *testing.B) relay.Publisher, mod func(*
 	benchPreload(b, db, b.N*batch)
 	var dispatched atomic.Int64
 	cfg := relay.Config{
-		Pool: db.Pool, Publisher: pub(b), Tables: db.Tables, BatchSize: batch,
-		Logger:  slog.New(slog.DiscardHandler),
-		OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
+		Common: relay.Common{Pool: db.Pool, Publisher: pub(b), Tables: db.Tables, BatchSize: batch, Logger: slog.New(slog.DiscardHandler),
+			Hooks: []relay.Hook{onBatch(func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) })}},
 	}
 	if mod != nil {
 		mod(&cfg)

@@ -30,7 +30,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	good := func() relay.Config { return relay.Config{Pool: pool, Publisher: discardPublisher{}} }
+	good := func() relay.Config {
+		return relay.Config{Common: relay.Common{Pool: pool, Publisher: discardPublisher{}}}
+	}
 
 	for _, tc := range []struct {
 		name string
