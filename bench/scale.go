@@ -172,7 +172,7 @@ func captureClaimSQL(ctx context.Context, e *env) (string, error) {
 		return "", err
 	}
 	defer pool.Close()
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: nullPublisher{}, Tables: e.tables, PollOnly: true, Logger: e.s.cfg.Logger})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Publisher: nullPublisher{}, Tables: e.tables, Logger: e.s.cfg.Logger}, PollOnly: true})
 	if err != nil {
 		return "", err
 	}

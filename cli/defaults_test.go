@@ -33,7 +33,7 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/x")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: nopPublisher{}})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Publisher: nopPublisher{}}})
 	require.NoError(t, err)
 	applied := r.Config()
 

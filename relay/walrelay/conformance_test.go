@@ -49,16 +49,12 @@ func walSource() relaytest.Source {
 			t.Helper()
 			name := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 			r, err := walrelay.New(walrelay.Config{
-				Pool:               db.Pool,
-				Publisher:          pub,
-				Tables:             db.Tables,
-				BatchSize:          cfg.BatchSize,
+				Common: relay.Common{Pool: db.Pool, Publisher: pub, Tables: db.Tables, BatchSize: cfg.BatchSize, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: cfg.Logger},
+
 				StatusInterval:     200 * time.Millisecond,
 				LeaderPollInterval: 100 * time.Millisecond,
-				BackoffMin:         10 * time.Millisecond,
-				BackoffMax:         200 * time.Millisecond,
-				Name:               name,
-				Logger:             cfg.Logger,
+
+				Name: name,
 			})
 			require.NoError(t, err)
 			// Its own sessions: the leader lock's and the stream's
@@ -66,7 +62,7 @@ func walSource() relaytest.Source {
 			apps := []string{"outbox-wal leader " + name, "outbox-wal stream " + name}
 			return relaytest.Background(t, db, r.Run, apps, func() relaytest.Stats {
 				s := r.Stats()
-				return relaytest.Stats{Published: s.Published, FailedBatches: s.FailedBatches}
+				return relaytest.Stats{Published: s.Dispatched, FailedBatches: s.FailedBatches}
 			})
 		},
 		Unacked:     slotInserts,

@@ -317,13 +317,13 @@ func TestStopLetsTheBatchInFlightFinish(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 	st := r.Stats()
-	require.EqualValues(t, len(held), st.Published, "the batch in flight was cut short")
+	require.EqualValues(t, len(held), st.Dispatched, "the batch in flight was cut short")
 	require.Eventually(t, func() bool {
 		var confirmed string
 		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, b.slot).Scan(&confirmed))
 		lsn, err := pglogrepl.ParseLSN(confirmed)
 		require.NoError(t, err)
-		return lsn >= st.AckedLSN
+		return lsn >= pglogrepl.LSN(st.AckedLSN)
 	}, 10*time.Second, 20*time.Millisecond, "the slot was not told")
 
 	rec2 := newRecorder(b.kafkaPublisher(t))
@@ -405,12 +405,12 @@ func TestUnparkableEventIsDroppedAndStreamGoesOn(t *testing.T) {
 // Intervals out of range are refused; a tiny LeaderPollInterval works.
 func TestConfigLimits(t *testing.T) {
 	t.Parallel()
-	_, err := walrelay.New(walrelay.Config{Pool: nil})
+	_, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: nil}})
 	require.Error(t, err)
 	b := setup(t)
-	_, err = walrelay.New(walrelay.Config{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables, StatusInterval: time.Minute})
+	_, err = walrelay.New(walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables}, StatusInterval: time.Minute})
 	require.ErrorContains(t, err, "StatusInterval")
-	r, err := walrelay.New(walrelay.Config{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables}})
 	require.NoError(t, err)
 	require.Equal(t, relay.DefaultMaxBatchBytes, r.Config().MaxBatchBytes)
 	require.Equal(t, relay.DefaultShutdownTimeout, r.Config().ShutdownTimeout)

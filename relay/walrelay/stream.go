@@ -609,6 +609,7 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 	failures := 0
 	var unknownSince map[int64]time.Time
 	for len(items) > 0 && ctx.Err() == nil {
+		start := time.Now()
 		var park []item
 		send := make([]relay.Message, 0, len(items))
 		sendIdx := make([]int, 0, len(items))
@@ -620,16 +621,7 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 			send = append(send, items[i].msg)
 			sendIdx = append(sendIdx, i)
 		}
-		var errs []error
-		if len(send) > 0 {
-			errs = r.cfg.Publisher.Publish(ctx, send)
-			if len(errs) != len(send) {
-				errs = make([]error, len(send))
-				for i := range errs {
-					errs[i] = fmt.Errorf("publisher returned a wrong number of results")
-				}
-			}
-		}
+		errs := r.publish(ctx, send)
 		var (
 			again     []item
 			ok        int64
@@ -661,8 +653,10 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 			}
 		}
 		r.published.Add(ok)
+		var notParked []item
 		if len(park) > 0 {
 			if rest, err := r.parkOrDrop(ctx, park); err != nil {
+				notParked = rest
 				// Not parked: they go round again, in their place.
 				again = mergeInOrder(items, again, rest)
 				if transient == nil {
@@ -670,6 +664,7 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 				}
 			}
 		}
+		r.observe(start, len(items), send, errs, park, notParked)
 		items = again
 		if transient == nil {
 			failures = 0
@@ -680,6 +675,7 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 		}
 		failures++
 		r.failedBatches.Add(1)
+		r.obs.BatchError(transient)
 		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 		r.log.Warn("wal relay publish failed; retrying the unacknowledged events in order", "err", transient, "events", len(items), "attempt", failures, "retry_in", d.Round(time.Millisecond))
 		if !backoff.Sleep(sleepCtx, d) {
