@@ -15,12 +15,15 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/kafkatest"
+	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/internal/relaytest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
@@ -422,4 +425,18 @@ func TestConfigLimits(t *testing.T) {
 	id := b.insert(t, "order.placed", `{}`)
 	recs := kafkatest.Read(t, b.broker.Addr(), 20*time.Second, kafkatest.AtLeast(1), "order")
 	require.Equal(t, id, kafkatest.EventID(recs[0]))
+}
+
+// The WAL source refuses the shared fields' bad values with the words of
+// relay.Common.Validate, as the polling relay does.
+func TestConfigRefusesBadCommons(t *testing.T) {
+	t.Parallel()
+	// pgxpool connects lazily: New never talks to the server.
+	pool, err := pgxpool.New(context.Background(), pgtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	relaytest.RefusesBadCommons(t, pool, nopPublisher{}, func(c relay.Common) error {
+		_, err := walrelay.New(walrelay.Config{Common: c})
+		return err
+	})
 }
