@@ -39,7 +39,13 @@ func TestMetricsHookSeesWALBatches(t *testing.T) {
 		b.insert(t, "order.placed", `{}`)
 	}
 	b.insert(t, "payment.captured", `{}`)
-	b.insert(t, "not a topic!", `{}`) // routes to no valid topic: parked at once
+	// A row whose headers set one the relayer sets itself: refused by the
+	// relayer and parked. Migration 6 refuses it at INSERT: it is one
+	// written before.
+	b.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO `+b.db.Tables.OutboxIdent()+` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '{}', '{"event_id": "forged"}')`, uuid.New())
+		return err
+	})
 
 	metric := func(name string, labels map[string]string) float64 {
 		families, err := m.Registry().Gather()
@@ -67,11 +73,11 @@ func TestMetricsHookSeesWALBatches(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return metric("outbox_events_dispatched_total", map[string]string{"topic": "order"}) == 3 &&
 			metric("outbox_events_dispatched_total", map[string]string{"topic": "payment"}) == 1 &&
-			metric("outbox_holds_total", map[string]string{"reason": relay.ReasonInvalidTopic}) == 1
-	}, 30*time.Second, 20*time.Millisecond, "dispatched order=%v payment=%v, holds invalid_topic=%v",
+			metric("outbox_holds_total", map[string]string{"reason": relay.ReasonReservedHeader}) == 1
+	}, 30*time.Second, 20*time.Millisecond, "dispatched order=%v payment=%v, holds reserved_header=%v",
 		metric("outbox_events_dispatched_total", map[string]string{"topic": "order"}),
 		metric("outbox_events_dispatched_total", map[string]string{"topic": "payment"}),
-		metric("outbox_holds_total", map[string]string{"reason": relay.ReasonInvalidTopic}))
+		metric("outbox_holds_total", map[string]string{"reason": relay.ReasonReservedHeader}))
 	require.Equal(t, 1.0, metric("outbox_publish_errors_total", map[string]string{"kind": "permanent", "code": ops.CodeRejectedByRelay}))
 	require.Positive(t, metric("outbox_batches_total", nil))
 	st := r.Stats()
