@@ -21,7 +21,7 @@ import (
 // Config.Hooks and they count its batches, publish failures and holds.
 // SetLag and ObserveCleanup feed the rest; a Monitor does that.
 //
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, Hooks: []relay.Hook{mon.Metrics()}})
+//	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Publisher: pub, Hooks: []relay.Hook{mon.Metrics()}}})
 type Metrics struct {
 	reg *prometheus.Registry
 

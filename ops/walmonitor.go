@@ -63,7 +63,7 @@ type WALMonitorConfig struct {
 // replica reads from pg_replication_slots, so each reports it), /healthz
 // and /readyz, the slot watchdog and WAL-mode retention cleanup.
 //
-//	r, _ := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub})
+//	r, _ := walrelay.New(walrelay.Config{Common: relay.Common{Pool: pool, Publisher: pub}})
 //	mon, _ := ops.NewWALMonitor(ops.WALMonitorConfig{Pool: pool, Slot: r.Config().Slot, Relayer: r})
 //	go mon.Run(ctx)
 //	http.ListenAndServe("127.0.0.1:9464", mon.Handler())

@@ -7,7 +7,7 @@
 //
 //	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
 //	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub})
+//	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Publisher: pub}})
 //	err = r.Run(ctx) // until ctx is cancelled
 package relay
 

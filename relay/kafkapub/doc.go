@@ -8,5 +8,5 @@
 //
 //	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
 //	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "shop"})
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub})
+//	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Publisher: pub}})
 package kafkapub
