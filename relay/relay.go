@@ -85,7 +85,11 @@ type Config struct {
 	DisablePipelining bool
 }
 
-// BatchResult describes one claim-publish-mark cycle.
+// BatchResult describes one claim-publish-mark cycle. For the WAL source
+// (relay/walrelay) it describes one Publish call of a batch: Locked equals
+// Claimed, nothing is Deferred (a parked event does not hold its
+// aggregate), and Holds are the events it parked (Until zero: parked, not
+// held).
 type BatchResult struct {
 	// Locked is how many pending rows the claim locked; Claimed of them were
 	// the oldest pending rows of their aggregates and were published. The
@@ -117,8 +121,8 @@ type BatchResult struct {
 type Stats struct {
 	// Batches settled (for polling: committed).
 	Batches int64
-	// Claimed events taken into batches (for the WAL source: read from
-	// the stream and handed to a batch).
+	// Claimed events taken into batches, again each time a batch is
+	// retried (polling: each claim; WAL: each Publish call of a batch).
 	Claimed int64
 	// Dispatched events the broker acknowledged (with duplicates re-sent
 	// after a restart or failover).
@@ -170,6 +174,9 @@ type Hold struct {
 	// sooner.
 	Until time.Time
 }
+
+// The polling relay is a Source.
+var _ Source = (*Relayer)(nil)
 
 // Relayer runs the claim-publish-mark loop. Create it with New, run it
 // with Run.
