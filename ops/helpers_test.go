@@ -57,8 +57,7 @@ func (b *bundle) client(t *testing.T) *kgo.Client {
 // relayConfig is a fast-polling relayer configuration on the bundle.
 func (b *bundle) relayConfig(t *testing.T, cl *kgo.Client) relay.Config {
 	return relay.Config{
-		Common: relay.Common{Pool: b.db.Pool, Publisher: kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t)},
-
+		Common:       relay.Common{Pool: b.db.Pool, Publisher: kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t)},
 		PollInterval: 50 * time.Millisecond,
 	}
 }

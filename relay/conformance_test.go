@@ -46,8 +46,7 @@ func pollingSource() relaytest.Source {
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			rc := relay.Config{
-				Common: relay.Common{Pool: pool, Publisher: pub, Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, BatchSize: cfg.BatchSize, Logger: cfg.Logger},
-
+				Common:       relay.Common{Pool: pool, Publisher: pub, Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, BatchSize: cfg.BatchSize, Logger: cfg.Logger},
 				PollInterval: 50 * time.Millisecond,
 
 				HoldOut: cfg.HoldOut,

@@ -50,8 +50,7 @@ func setup(t *testing.T, brokerOpts ...kfake.Opt) *bundle {
 func (b *bundle) relayer(t *testing.T, mod func(*relay.Config)) *relay.Relayer {
 	t.Helper()
 	cfg := relay.Config{
-		Common: relay.Common{Pool: b.db.Pool, Publisher: b.publisher(t), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
-
+		Common:       relay.Common{Pool: b.db.Pool, Publisher: b.publisher(t), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
 		PollInterval: 50 * time.Millisecond,
 	}
 	if mod != nil {

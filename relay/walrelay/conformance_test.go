@@ -49,8 +49,7 @@ func walSource() relaytest.Source {
 			t.Helper()
 			name := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 			r, err := walrelay.New(walrelay.Config{
-				Common: relay.Common{Pool: db.Pool, Publisher: pub, Tables: db.Tables, BatchSize: cfg.BatchSize, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: cfg.Logger},
-
+				Common:             relay.Common{Pool: db.Pool, Publisher: pub, Tables: db.Tables, BatchSize: cfg.BatchSize, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: cfg.Logger},
 				StatusInterval:     200 * time.Millisecond,
 				LeaderPollInterval: 100 * time.Millisecond,
 

@@ -124,8 +124,7 @@ func (b *bundle) relayer(t testing.TB, mod func(*walrelay.Config)) *walrelay.Rel
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	cfg := walrelay.Config{
-		Common: relay.Common{Pool: b.db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
-
+		Common:             relay.Common{Pool: b.db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
 		StatusInterval:     200 * time.Millisecond,
 		LeaderPollInterval: 100 * time.Millisecond,
 

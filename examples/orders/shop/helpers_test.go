@@ -109,8 +109,7 @@ func (b *bundle) relayer(t *testing.T) *relay.Relayer {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	r, err := relay.New(relay.Config{
-		Common: relay.Common{Pool: b.db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
-
+		Common:       relay.Common{Pool: b.db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
 		PollInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
