@@ -13,8 +13,8 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/internal/relaytest"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/sourcetest"
 )
 
 // Common's zero fields take the documented defaults; set fields stay.
@@ -50,7 +50,7 @@ func TestCommonValidate(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	relaytest.RefusesBadCommons(t, pool, discardPublisher{}, func(c relay.Common) error {
+	sourcetest.RefusesBadCommons(t, pool, discardPublisher{}, func(c relay.Common) error {
 		_, err := relay.New(relay.Config{Common: c})
 		return err
 	})

@@ -23,11 +23,11 @@ import (
 
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/internal/relaytest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
+	"github.com/pgoutbox/outbox/relay/sourcetest"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -435,7 +435,7 @@ func TestConfigRefusesBadCommons(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	relaytest.RefusesBadCommons(t, pool, nopPublisher{}, func(c relay.Common) error {
+	sourcetest.RefusesBadCommons(t, pool, nopPublisher{}, func(c relay.Common) error {
 		_, err := walrelay.New(walrelay.Config{Common: c})
 		return err
 	})
