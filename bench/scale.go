@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"slices"
 	"strings"
 	"sync"
@@ -12,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -173,7 +173,7 @@ func captureClaimSQL(ctx context.Context, e *env) (string, error) {
 		return "", err
 	}
 	defer pool.Close()
-	r, err := relay.New(relay.Config{Pool: pool, Sink: nullPublisher{}, Tables: e.tables, PollOnly: true, Logger: e.s.cfg.Logger})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: nullPublisher{}, Tables: e.tables, Logger: e.s.cfg.Logger}, PollOnly: true})
 	if err != nil {
 		return "", err
 	}

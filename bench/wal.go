@@ -253,7 +253,7 @@ func (e *env) startWALWith(ctx context.Context, b *broker, prefix string, linger
 	if wrap != nil {
 		pub = wrap(pub)
 	}
-	r, err := walrelay.New(walrelay.Config{Pool: pool, Sink: pub, Tables: e.tables, TopicPrefix: prefix, SkipSetup: true, Linger: linger, Messages: messages, Logger: e.s.cfg.Logger})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: pool, Sink: pub, Tables: e.tables, TopicPrefix: prefix, Logger: e.s.cfg.Logger}, SkipSetup: true, Linger: linger, Messages: messages})
 	if err != nil {
 		client.Close()
 		pool.Close()
@@ -272,7 +272,7 @@ func (w *walRelay) waitFor(ctx context.Context, want int64, timeout time.Duratio
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
-	for w.r.Stats().Published < want {
+	for w.r.Stats().Dispatched < want {
 		select {
 		case err := <-w.done:
 			w.done <- err
@@ -282,7 +282,7 @@ func (w *walRelay) waitFor(ctx context.Context, want int64, timeout time.Duratio
 		case <-tick.C:
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("WAL relayer published %d of %d events within %s", w.r.Stats().Published, want, timeout)
+			return 0, fmt.Errorf("WAL relayer published %d of %d events within %s", w.r.Stats().Dispatched, want, timeout)
 		}
 	}
 	return time.Since(w.start), nil

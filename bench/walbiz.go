@@ -332,7 +332,7 @@ func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Dura
 		if err := w.waitLeading(ctx); err != nil {
 			return o, err
 		}
-		relayed, stop = func() int64 { return w.r.Stats().Published }, w.stop
+		relayed, stop = func() int64 { return w.r.Stats().Dispatched }, w.stop
 		batches = func() int64 { return w.r.Stats().Batches }
 		waitAfter = func(int64) error { _, err := w.waitFor(ctx, o.txs, drainTimeout(o.txs)); return err }
 	case readRecvlogical:

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"io"
 	"strings"
 	"testing"
@@ -12,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/cli"
-	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
@@ -34,7 +34,7 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/x")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	r, err := relay.New(relay.Config{Pool: pool, Sink: nopPublisher{}})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: nopPublisher{}}})
 	require.NoError(t, err)
 	applied := r.Config()
 

@@ -174,21 +174,18 @@ func printSecureMessages(ctx context.Context, g *globals, pool *pgxpool.Pool, t 
 	}
 }
 
-// runWALRelay runs the WAL source until ctx is cancelled.
-func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, sink relay.Sink, t outbox.Tables, log *slog.Logger) error {
-	if err := checkSchema(ctx, pool, t); err != nil {
+// runWALRelay runs the WAL source, configured with the shared flags in
+// common, until ctx is cancelled.
+func runWALRelay(ctx context.Context, o *relayOptions, common relay.Common) error {
+	if err := checkSchema(ctx, common.Pool, common.Tables); err != nil {
 		return err
 	}
 	var err error
 	cfg := o.wal.cfg
-	cfg.Pool, cfg.Sink, cfg.Tables, cfg.Logger = pool, sink, t, log
-	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, pool, t, log); err != nil {
+	cfg.Common = common
+	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, common.Pool, common.Tables, common.Logger); err != nil {
 		return err
 	}
-	cfg.TopicPrefix = o.cfg.TopicPrefix
-	cfg.BatchSize = o.cfg.BatchSize
-	cfg.MaxBatchBytes = o.cfg.MaxBatchBytes
-	cfg.ShutdownTimeout = o.cfg.ShutdownTimeout
 	r, err := walrelay.New(cfg)
 	if err != nil {
 		return err

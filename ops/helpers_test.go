@@ -57,13 +57,8 @@ func (b *bundle) client(t *testing.T) *kgo.Client {
 // relayConfig is a fast-polling relayer configuration on the bundle.
 func (b *bundle) relayConfig(t *testing.T, cl *kgo.Client) relay.Config {
 	return relay.Config{
-		Pool:         b.db.Pool,
-		Sink:         kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{}),
-		Tables:       b.db.Tables,
+		Common:       relay.Common{Pool: b.db.Pool, Sink: kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t)},
 		PollInterval: 50 * time.Millisecond,
-		BackoffMin:   10 * time.Millisecond,
-		BackoffMax:   200 * time.Millisecond,
-		Logger:       testLogger(t),
 	}
 }
 

@@ -78,7 +78,7 @@ type ReadyCheck struct {
 // them.)
 //
 //	mon, _ := ops.NewMonitor(ops.MonitorConfig{Pool: pool, Tables: tables})
-//	r, _ := relay.New(relay.Config{Pool: pool, Tables: tables, Sink: pub, Hooks: []relay.Hook{mon.Metrics()}})
+//	r, _ := relay.New(relay.Config{Common: relay.Common{Pool: pool, Tables: tables, Sink: pub, Hooks: []relay.Hook{mon.Metrics()}}})
 //	go mon.Run(ctx)
 //	http.ListenAndServe("127.0.0.1:9090", mon.Handler())
 type Monitor struct {

@@ -76,8 +76,8 @@ func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
 // when missing) and waits until it streams; stop ends it as SIGTERM does.
 func (b *bundle) runWAL(t *testing.T, pub relay.Sink, mod func(*walrelay.Config)) (stop func()) {
 	t.Helper()
-	cfg := walrelay.Config{Pool: b.db.Pool, Sink: pub, Tables: b.db.Tables, ShutdownTimeout: 5 * time.Second,
-		LeaderPollInterval: 100 * time.Millisecond, Logger: testLogger(t)}
+	cfg := walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Sink: pub, Tables: b.db.Tables, ShutdownTimeout: 5 * time.Second, Logger: testLogger(t)},
+		LeaderPollInterval: 100 * time.Millisecond}
 	if mod != nil {
 		mod(&cfg)
 	}

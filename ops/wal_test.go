@@ -202,7 +202,7 @@ func TestWALMonitorMetrics(t *testing.T) {
 	t.Parallel()
 	db, slot := walSetup(t)
 	mon, err := ops.NewWALMonitor(ops.WALMonitorConfig{Pool: db.Pool, Tables: db.Tables, Slot: slot,
-		Relayer: fakeWAL{walrelay.Stats{Published: 7, Parked: 2, Heartbeats: 3, Leading: true}}, Logger: testLogger(t)})
+		Relayer: fakeWAL{walrelay.Stats{Dispatched: 7, Parked: 2, Heartbeats: 3, Leading: true}}, Logger: testLogger(t)})
 	require.NoError(t, err)
 	mon.Refresh(context.Background())
 	rec := httptest.NewRecorder()

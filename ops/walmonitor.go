@@ -63,7 +63,7 @@ type WALMonitorConfig struct {
 // replica reads from pg_replication_slots, so each reports it), /healthz
 // and /readyz, the slot watchdog and WAL-mode retention cleanup.
 //
-//	r, _ := walrelay.New(walrelay.Config{Pool: pool, Sink: pub})
+//	r, _ := walrelay.New(walrelay.Config{Common: relay.Common{Pool: pool, Sink: pub}})
 //	mon, _ := ops.NewWALMonitor(ops.WALMonitorConfig{Pool: pool, Slot: r.Config().Slot, Relayer: r})
 //	go mon.Run(ctx)
 //	http.ListenAndServe("127.0.0.1:9464", mon.Handler())
@@ -132,7 +132,7 @@ func (m *WALMonitor) register() {
 	}
 	// The same name as the polling relay's, without its topic label: the
 	// WAL relayer counts events, not topics.
-	counter("outbox_events_dispatched_total", "Events the broker acknowledged (WAL source: all topics; duplicates re-sent after a restart included).", func(s walrelay.Stats) int64 { return s.Published })
+	counter("outbox_events_dispatched_total", "Events the broker acknowledged (WAL source: all topics; duplicates re-sent after a restart included).", func(s walrelay.Stats) int64 { return s.Dispatched })
 	counter("outbox_batches_total", "Batches this relayer published.", func(s walrelay.Stats) int64 { return s.Batches })
 	counter("outbox_failed_batches_total", "Attempts that failed and backed off (broker or database unreachable, leader session lost).", func(s walrelay.Stats) int64 { return s.FailedBatches })
 	counter("outbox_wal_parked_total", "Events the broker refused for good or the relayer could not decode, moved to the parked table (the stream went on without them).", func(s walrelay.Stats) int64 { return s.Parked })

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -11,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/devkafka"
-	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
@@ -51,9 +51,8 @@ func benchDrain(b *testing.B, pub func(b *testing.B) relay.Sink, mod func(*relay
 	benchPreload(b, db, b.N*batch)
 	var dispatched atomic.Int64
 	cfg := relay.Config{
-		Pool: db.Pool, Sink: pub(b), Tables: db.Tables, BatchSize: batch,
-		Logger:  slog.New(slog.DiscardHandler),
-		OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
+		Common: relay.Common{Pool: db.Pool, Sink: pub(b), Tables: db.Tables, BatchSize: batch, Logger: slog.New(slog.DiscardHandler),
+			Hooks: []relay.Hook{onBatch(func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) })}},
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -108,20 +107,22 @@ func BenchmarkRelayBatchRemoteBroker(b *testing.B) {
 	}{{"pipelined", false}, {"serial", true}} {
 		b.Run(tc.name, func(b *testing.B) {
 			benchDrain(b, func(b *testing.B) relay.Sink {
-				return slowPublisher{Sink: devBroker(b), delay: 5 * time.Millisecond}
+				return slowPublisher{inner: devBroker(b), delay: 5 * time.Millisecond}
 			}, func(c *relay.Config) { c.DisablePipelining = tc.serial })
 		})
 	}
 }
 
 type slowPublisher struct {
-	relay.Sink
+	fakesink.Kafka
+
+	inner relay.Sink
 	delay time.Duration
 }
 
 func (p slowPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 	time.Sleep(p.delay)
-	return p.Sink.Publish(ctx, msgs)
+	return p.inner.Publish(ctx, msgs)
 }
 
 // devBroker starts a kfake broker for the benchmark and returns a

@@ -45,15 +45,10 @@ func pollingSource() sourcetest.Source {
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			rc := relay.Config{
-				Pool:         pool,
-				Sink:         pub,
-				Tables:       db.Tables,
+				Common:       relay.Common{Pool: pool, Sink: pub, Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, BatchSize: cfg.BatchSize, Logger: cfg.Logger},
 				PollInterval: 50 * time.Millisecond,
-				BackoffMin:   10 * time.Millisecond,
-				BackoffMax:   200 * time.Millisecond,
-				BatchSize:    cfg.BatchSize,
-				HoldOut:      cfg.HoldOut,
-				Logger:       cfg.Logger,
+
+				HoldOut: cfg.HoldOut,
 			}
 			r, err := relay.New(rc)
 			require.NoError(t, err)

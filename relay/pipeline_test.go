@@ -144,21 +144,21 @@ func TestDisablePipeliningKeepsOneTransaction(t *testing.T) {
 		c.Pool = pool
 		c.BatchSize = batch
 		c.DisablePipelining = true
-		c.OnBatch = func(relay.BatchResult) {
+		c.Hooks = append(c.Hooks, onBatch(func(relay.BatchResult) {
 			var n int
 			require.NoError(t, b.db.Pool.QueryRow(context.Background(),
 				"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND xact_start IS NOT NULL", app).Scan(&n))
 			mu.Lock()
 			most = max(most, n)
 			mu.Unlock()
-		}
+		}))
 	})
 	run(t, r)
 	b.waitDrained(t, 30*time.Second)
 	checkOrder(t, b.consume(t, events, 30*time.Second, "order"))
 	mu.Lock()
 	defer mu.Unlock()
-	// OnBatch runs after the commit: with pipelining the next batch's
+	// A BatchHook runs after the commit: with pipelining the next batch's
 	// transaction would be open by then.
 	require.Zero(t, most, "a relayer with pipelining off had a transaction open after its batch committed")
 }

@@ -21,7 +21,7 @@ import (
 func TestRelayRoutesWithTheSinksRouting(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 8})
-	_, err := relay.New(relay.Config{Pool: db.Pool, Sink: &fakesink.PathSink{}, TopicPrefix: "shop:"})
+	_, err := relay.New(relay.Config{Common: relay.Common{Pool: db.Pool, Sink: &fakesink.PathSink{}, TopicPrefix: "shop:"}})
 	require.ErrorContains(t, err, `relay: path prefix "shop:" holds a ':'`)
 
 	path, err := outbox.NewProducer(outbox.Config{Tables: db.Tables, Routing: fakesink.PathRouting{Prefix: "shop/"}})
@@ -36,9 +36,9 @@ func TestRelayRoutesWithTheSinksRouting(t *testing.T) {
 	sink := &fakesink.PathSink{FailOnce: map[int64]bool{us: true}}
 	rec := &recordingHook{calls: new([]string)}
 	r, err := relay.New(relay.Config{
-		Pool: db.Pool, Sink: sink, Tables: db.Tables, TopicPrefix: "shop/",
-		PollInterval: 50 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
-		Hooks: []relay.Hook{rec},
+		Common: relay.Common{Pool: db.Pool, Sink: sink, Tables: db.Tables, TopicPrefix: "shop/",
+			BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond, Hooks: []relay.Hook{rec}},
+		PollInterval: 50 * time.Millisecond,
 	})
 	require.NoError(t, err, "the sink's routing takes a prefix with '/'")
 	run(t, r)

@@ -30,7 +30,7 @@ type tracing struct {
 	system string
 }
 
-func newTracing(cfg Config) tracing {
+func newTracing(cfg Common) tracing {
 	t := tracing{tracer: cfg.TracerProvider.Tracer(tracerName), prop: cfg.Propagator}
 	if s, ok := cfg.Sink.(MessagingSystem); ok {
 		t.system = s.MessagingSystem()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"log/slog"
 	"strconv"
 	"sync/atomic"
@@ -22,7 +23,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/relay"
 )
@@ -114,8 +114,8 @@ func TestRelayPublishSpanRecordsFailures(t *testing.T) {
 		_, err := p.Emit(context.Background(), tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 1})
 		return err
 	}))
-	r, err := relay.New(relay.Config{Pool: db.Pool, Tables: db.Tables, Sink: refuseAll{}, TracerProvider: tp,
-		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: db.Pool, Tables: db.Tables, Sink: refuseAll{}, TracerProvider: tp, Logger: slog.New(slog.DiscardHandler)},
+		PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	run(t, r)
 
@@ -223,9 +223,8 @@ func BenchmarkRelayBatchTraced(b *testing.B) {
 			}
 			var dispatched atomic.Int64
 			r, err := relay.New(relay.Config{
-				Pool: db.Pool, Sink: devBroker(b), Tables: db.Tables, BatchSize: batch, TracerProvider: prov.tp,
-				Logger:  slog.New(slog.DiscardHandler),
-				OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
+				Common: relay.Common{Pool: db.Pool, Sink: devBroker(b), Tables: db.Tables, BatchSize: batch, TracerProvider: prov.tp, Logger: slog.New(slog.DiscardHandler),
+					Hooks: []relay.Hook{onBatch(func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) })}},
 			})
 			if err != nil {
 				b.Fatal(err)

@@ -127,8 +127,8 @@ func run(ctx context.Context, out io.Writer, databaseURL string) error {
 		return err
 	}
 	defer client.Close()
-	r, err := relay.New(relay.Config{Pool: pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
-		Tables: tables, PollInterval: 100 * time.Millisecond, Logger: log})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: tables, Logger: log},
+		PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		return err
 	}

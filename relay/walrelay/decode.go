@@ -221,7 +221,7 @@ func (st *streamer) decode(xld pglogrepl.XLogData) error {
 		if !rel.outbox {
 			return nil
 		}
-		it, err := rel.insertItem(m.Tuple, st.r.cfg.routing)
+		it, err := rel.insertItem(m.Tuple, st.r.routing)
 		if err != nil {
 			return err
 		}
@@ -251,7 +251,7 @@ func (st *streamer) decodeMessage(m *pglogrepl.LogicalDecodingMessage) {
 			st.r.dropped.Add(1)
 			st.r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
 		default:
-			it, err := messageItem(m.Content, st.commit, st.r.cfg.routing)
+			it, err := messageItem(m.Content, st.commit, st.r.routing)
 			if err != nil {
 				st.r.dropped.Add(1)
 				st.r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)

@@ -7,8 +7,13 @@
 //
 //	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
 //	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
-//	r, err := walrelay.New(walrelay.Config{Pool: pool, Sink: pub})
+//	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: pool, Sink: pub}})
 //	err = r.Run(ctx) // until ctx is cancelled
+//
+// It is a relay.Source, configured with the relay.Common every source
+// shares: the same Hooks (ops.Metrics sees its batches and its parked
+// events), the same "send <topic>" spans linked to each event's Emit span,
+// and the same Stats shape as the polling relay.
 //
 // The server needs wal_level=logical, and the pool's role the REPLICATION
 // attribute. Run creates the publication (FOR TABLE the outbox, publish =

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"log/slog"
 	"strings"
 	"sync"
@@ -15,16 +16,19 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/kafkatest"
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
+	"github.com/pgoutbox/outbox/relay/sourcetest"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -57,7 +61,9 @@ func (b *bundle) emitMessage(t *testing.T, fields map[string]any) int64 {
 // recorder wraps a publisher, records what it was given, and can hold the
 // first call until released.
 type recorder struct {
-	relay.Sink
+	fakesink.Kafka
+
+	inner relay.Sink
 
 	mu       sync.Mutex
 	ids      map[int64]int
@@ -72,7 +78,7 @@ type recorder struct {
 }
 
 func newRecorder(inner relay.Sink) *recorder {
-	return &recorder{Sink: inner, ids: map[int64]int{}, entered: make(chan struct{}), release: make(chan struct{})}
+	return &recorder{inner: inner, ids: map[int64]int{}, entered: make(chan struct{}), release: make(chan struct{})}
 }
 
 func (p *recorder) Publish(ctx context.Context, msgs []relay.Message) []error {
@@ -98,7 +104,7 @@ func (p *recorder) Publish(ctx context.Context, msgs []relay.Message) []error {
 			<-p.release
 		})
 	}
-	return p.Sink.Publish(ctx, msgs)
+	return p.inner.Publish(ctx, msgs)
 }
 
 func (p *recorder) sent(id int64) int {
@@ -317,13 +323,13 @@ func TestStopLetsTheBatchInFlightFinish(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 	st := r.Stats()
-	require.EqualValues(t, len(held), st.Published, "the batch in flight was cut short")
+	require.EqualValues(t, len(held), st.Dispatched, "the batch in flight was cut short")
 	require.Eventually(t, func() bool {
 		var confirmed string
 		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, b.slot).Scan(&confirmed))
 		lsn, err := pglogrepl.ParseLSN(confirmed)
 		require.NoError(t, err)
-		return lsn >= st.AckedLSN
+		return lsn >= pglogrepl.LSN(st.AckedLSN)
 	}, 10*time.Second, 20*time.Millisecond, "the slot was not told")
 
 	rec2 := newRecorder(b.kafkaPublisher(t))
@@ -405,12 +411,12 @@ func TestUnparkableEventIsDroppedAndStreamGoesOn(t *testing.T) {
 // Intervals out of range are refused; a tiny LeaderPollInterval works.
 func TestConfigLimits(t *testing.T) {
 	t.Parallel()
-	_, err := walrelay.New(walrelay.Config{Pool: nil})
+	_, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: nil}})
 	require.Error(t, err)
 	b := setup(t)
-	_, err = walrelay.New(walrelay.Config{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables, StatusInterval: time.Minute})
+	_, err = walrelay.New(walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables}, StatusInterval: time.Minute})
 	require.ErrorContains(t, err, "StatusInterval")
-	r, err := walrelay.New(walrelay.Config{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables}})
 	require.NoError(t, err)
 	require.Equal(t, relay.DefaultMaxBatchBytes, r.Config().MaxBatchBytes)
 	require.Equal(t, relay.DefaultShutdownTimeout, r.Config().ShutdownTimeout)
@@ -422,4 +428,18 @@ func TestConfigLimits(t *testing.T) {
 	id := b.insert(t, "order.placed", `{}`)
 	recs := kafkatest.Read(t, b.broker.Addr(), 20*time.Second, kafkatest.AtLeast(1), "order")
 	require.Equal(t, id, kafkatest.EventID(recs[0]))
+}
+
+// The WAL source refuses the shared fields' bad values with the words of
+// relay.Common.Validate, as the polling relay does.
+func TestConfigRefusesBadCommons(t *testing.T) {
+	t.Parallel()
+	// pgxpool connects lazily: New never talks to the server.
+	pool, err := pgxpool.New(context.Background(), pgtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	sourcetest.RefusesBadCommons(t, pool, nopPublisher{}, func(c relay.Common) error {
+		_, err := walrelay.New(walrelay.Config{Common: c})
+		return err
+	})
 }

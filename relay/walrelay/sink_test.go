@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/fakesink"
+	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -22,8 +23,8 @@ import (
 func TestWALRoutesWithTheSinksRouting(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := walrelay.New(walrelay.Config{Pool: b.db.Pool, Sink: &fakesink.PathSink{}, Tables: b.db.Tables, TopicPrefix: "shop:"})
-	require.ErrorContains(t, err, `walrelay: path prefix "shop:" holds a ':'`)
+	_, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Sink: &fakesink.PathSink{}, Tables: b.db.Tables, TopicPrefix: "shop:"}})
+	require.ErrorContains(t, err, `relay: path prefix "shop:" holds a ':'`)
 
 	sink := &fakesink.PathSink{}
 	r := b.relayer(t, func(c *walrelay.Config) { c.Sink, c.TopicPrefix = sink, "shop/" })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/internal/fakesink"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/tmppg"
@@ -254,7 +254,7 @@ func TestReplicaWALLevelIsAClearError(t *testing.T) {
 	if level == "logical" {
 		t.Skip("skipped: the default server has wal_level=logical; this test needs one without")
 	}
-	r, err := walrelay.New(walrelay.Config{Pool: db.Pool, Sink: nopPublisher{}, Tables: db.Tables})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: db.Pool, Sink: nopPublisher{}, Tables: db.Tables}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -293,8 +293,8 @@ func TestHeartbeatAdvancesSlotWhileOtherTableChurns(t *testing.T) {
 	st := r.Stats()
 	require.Positive(t, st.Heartbeats)
 	require.Greater(t, st.AckedLSN, start)
-	require.Zero(t, st.Published)
-	t.Logf("%d churn statements, %d heartbeats, slot from %s to %s", written, st.Heartbeats, start, st.AckedLSN)
+	require.Zero(t, st.Dispatched)
+	t.Logf("%d churn statements, %d heartbeats, slot from %#x to %#x", written, st.Heartbeats, start, st.AckedLSN)
 }
 
 // A record the broker refuses for good (here: headers the relayer sets
@@ -365,7 +365,7 @@ func TestLostSlotIsAClearError(t *testing.T) {
 		require.NoError(t, err)
 		return l.WALStatus == "lost"
 	}, 60*time.Second, 10*time.Millisecond, "the slot is never invalidated")
-	r, err := walrelay.New(walrelay.Config{Pool: db.Pool, Sink: nopPublisher{}, Tables: db.Tables})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: db.Pool, Sink: nopPublisher{}, Tables: db.Tables}})
 	require.NoError(t, err)
 	err = r.Run(ctx)
 	require.ErrorIs(t, err, walrelay.ErrSlotLost)

@@ -41,7 +41,7 @@ func TestPollingRelay(t *testing.T) {
 	}
 	sink := newSink(t)
 	o := newOutbox(t, url, sink)
-	r, err := relay.New(relay.Config{Pool: o.pool, Sink: sink, Tables: o.tables, PollInterval: 50 * time.Millisecond})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: o.pool, Sink: sink, Tables: o.tables}, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestWALRelay(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	})
-	r, err := walrelay.New(walrelay.Config{Pool: o.pool, Sink: sink, Tables: o.tables, Slot: slot, Publication: slot,
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: o.pool, Sink: sink, Tables: o.tables}, Slot: slot, Publication: slot,
 		StatusInterval: 200 * time.Millisecond, LeaderPollInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
