@@ -1,4 +1,4 @@
-package ops
+package monitor
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -197,7 +198,7 @@ func (m *Metrics) OnBatch(res relay.BatchResult) {
 }
 
 // SetLag sets the pending, stuck and lag gauges, and the SLO flag.
-func (m *Metrics) SetLag(l Lag, maxLag time.Duration) {
+func (m *Metrics) SetLag(l ops.Lag, maxLag time.Duration) {
 	m.pending.Set(float64(l.Pending))
 	m.stuck.Set(float64(l.Stuck))
 	m.oldestAge.Set(l.OldestPendingAge.Seconds())
@@ -214,7 +215,7 @@ func (m *Metrics) SetLag(l Lag, maxLag time.Duration) {
 }
 
 // ObserveCleanup counts a finished cleanup's deletions.
-func (m *Metrics) ObserveCleanup(res CleanupResult) {
+func (m *Metrics) ObserveCleanup(res ops.CleanupResult) {
 	m.cleanupDeleted.WithLabelValues("outbox").Add(float64(res.Outbox.Deleted))
 	m.cleanupDeleted.WithLabelValues("processed").Add(float64(res.Processed.Deleted))
 	m.cleanupLast.SetToCurrentTime()
