@@ -15,12 +15,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/consumer/consumermetrics"
 	"github.com/pgoutbox/outbox/internal/clip"
-	"github.com/pgoutbox/outbox/ops"
 )
 
 // defaultConsumeName is the group and the consumer name of `outbox consume`
@@ -97,7 +98,7 @@ group and exit 0.`,
 	f.IntVar(&o.cfg.Concurrency, "concurrency", 0, fmt.Sprintf("partitions handled at once, each in its own transactions (0: the consumer's default, %d)", consumer.DefaultConcurrency))
 	f.BoolVar(&o.asJSON, "json", false, "print each event as one JSON line instead of a line of text")
 	f.BoolVar(&o.quiet, "quiet", false, "print nothing (load tests); events are still recorded as processed")
-	f.StringVar(&o.httpAddr, "http", "", "serve /metrics and /healthz on host:port (a bare :port binds 127.0.0.1); off when empty")
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics (with the group's lag per partition), /healthz and /readyz (database and broker) on host:port (a bare :port binds 127.0.0.1); off when empty")
 	f.StringVar(&o.output, "output", "", "json: as --json; none: as --quiet")
 	_ = f.MarkDeprecated("output", "use --json or --quiet") // warned on stderr: NewRoot's warnOnStderr
 	return cmd
@@ -155,9 +156,10 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	if err != nil {
 		return err
 	}
-	err = pingKafka(ctx, cl, o.cfg.Client.Brokers)
-	cl.Close()
-	if err != nil {
+	// The client stays open for --http: the group's lag and /readyz's
+	// broker check, beside the consumer's own client.
+	defer cl.Close()
+	if err := pingKafka(ctx, cl, o.cfg.Client.Brokers); err != nil {
 		return err
 	}
 	o.cfg.Pool = pool
@@ -172,8 +174,10 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 		return err
 	}
 	if o.httpAddr != "" {
-		m := ops.NewConsumerMetrics(o.cfg.Name, cons.Stats)
-		_, stopHTTP, err := serveHTTP(o.httpAddr, m.Handler(), log, "/metrics /healthz")
+		m := consumermetrics.New(o.cfg.Name, cons.Stats)
+		m.WatchLag(o.cfg.Group, kadm.NewClient(cl))
+		h := m.Handler(consumermetrics.ReadyCheck{Name: "database", Check: pool.Ping}, consumermetrics.ReadyCheck{Name: "broker", Check: cl.Ping})
+		_, stopHTTP, err := serveHTTP(o.httpAddr, h, log, "/metrics /healthz /readyz")
 		if err != nil {
 			return err
 		}

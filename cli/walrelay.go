@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/switchover"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -127,7 +128,7 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 		return err
 	}
 	defer pool.Close()
-	s, err := ops.SetupWAL(ctx, pool, t, o.wal.slot, o.wal.publication)
+	s, err := switchover.SetupWAL(ctx, pool, t, o.wal.slot, o.wal.publication)
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 	if s.ReaderPID != 0 {
 		return nil // the WAL source runs: rows say nothing of what is pending
 	}
-	cut, pending, err := ops.ReadWALCut(ctx, pool, t)
+	cut, pending, err := switchover.ReadWALCut(ctx, pool, t)
 	if err != nil {
 		return err
 	}
@@ -194,7 +195,7 @@ func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, clien
 	if err != nil {
 		return err
 	}
-	stopOps, err := o.ops.startWAL(ctx, r, client, ops.WALWatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
+	stopOps, err := o.ops.startWAL(ctx, r, client, ops.WatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
 	if err != nil {
 		return err
 	}

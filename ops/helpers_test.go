@@ -2,18 +2,13 @@ package ops_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -22,7 +17,6 @@ import (
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
-	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
@@ -140,97 +134,4 @@ func (b *bundle) consumeIDs(t *testing.T, want int, timeout time.Duration, topic
 	seen := distinct(recs)
 	require.NotContains(t, seen, int64(0), "a record without a valid event_id header")
 	return seen
-}
-
-// metrics is one scrape of /metrics.
-type metrics map[string]*dto.MetricFamily
-
-func scrape(t *testing.T, url string) metrics {
-	t.Helper()
-	m, err := tryScrape(url)
-	require.NoError(t, err)
-	return m
-}
-
-// tryScrape is scrape for Eventually conditions, which run off the test's
-// goroutine and must not call t.FailNow.
-func tryScrape(url string) (metrics, error) {
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(resp.Body)
-}
-
-// val is value without the ok, for conditions: absent reads as 0.
-func (m metrics) val(name string, labels ...string) float64 {
-	v, _ := m.value(name, labels...)
-	return v
-}
-
-// value is the value of the sample of name whose labels include the given
-// name/value pairs (summed over matching samples); a histogram gives its
-// sample count. ok is false when the family or a matching sample is absent.
-func (m metrics) value(name string, labels ...string) (v float64, ok bool) {
-	mf := m[name]
-	if mf == nil {
-		return 0, false
-	}
-	for _, s := range mf.GetMetric() {
-		match := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			found := false
-			for _, lp := range s.GetLabel() {
-				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-					found = true
-				}
-			}
-			match = match && found
-		}
-		if !match {
-			continue
-		}
-		ok = true
-		switch {
-		case s.Counter != nil:
-			v += s.Counter.GetValue()
-		case s.Gauge != nil:
-			v += s.Gauge.GetValue()
-		case s.Histogram != nil:
-			v += float64(s.Histogram.GetSampleCount())
-		}
-	}
-	return v, ok
-}
-
-func (m metrics) must(t *testing.T, name string, labels ...string) float64 {
-	t.Helper()
-	v, ok := m.value(name, labels...)
-	require.True(t, ok, "metric %s%v missing from /metrics", name, labels)
-	return v
-}
-
-// monitor builds a Monitor on the bundle with fast intervals; mod adjusts
-// its config.
-func (b *bundle) monitor(t *testing.T, mod func(*ops.MonitorConfig)) *ops.Monitor {
-	t.Helper()
-	cfg := ops.MonitorConfig{
-		Pool:             b.db.Pool,
-		Tables:           b.db.Tables,
-		RefreshInterval:  50 * time.Millisecond,
-		WatchdogInterval: 200 * time.Millisecond,
-		DisableCleanup:   true,
-		Logger:           testLogger(t),
-	}
-	if mod != nil {
-		mod(&cfg)
-	}
-	m, err := ops.NewMonitor(cfg)
-	require.NoError(t, err)
-	return m
 }

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/pgoutbox/outbox/internal/cleanuplock"
-	"github.com/pgoutbox/outbox/internal/durations"
-	"github.com/pgoutbox/outbox/ops"
 	"strings"
 	"time"
 
@@ -16,6 +13,9 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/cleanuplock"
+	"github.com/pgoutbox/outbox/internal/durations"
+	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -214,9 +214,9 @@ func (c SwitchToWALConfig) withDefaults() (SwitchToWALConfig, error) {
 	}
 	c.Tables = c.Tables.WithDefaults()
 	if err := durations.Apply("SwitchToWALConfig", []durations.Default{
-		{"Timeout", &c.Timeout, DefaultSwitchToWALTimeout},
-		{"PollInterval", &c.PollInterval, DefaultSwitchPollInterval},
-		{"ProgressInterval", &c.ProgressInterval, DefaultSwitchProgressInterval},
+		{Name: "Timeout", V: &c.Timeout, Def: DefaultSwitchToWALTimeout},
+		{Name: "PollInterval", V: &c.PollInterval, Def: DefaultSwitchPollInterval},
+		{Name: "ProgressInterval", V: &c.ProgressInterval, Def: DefaultSwitchProgressInterval},
 	}); err != nil {
 		return c, err
 	}
@@ -440,10 +440,10 @@ func (c SwitchToPollConfig) withDefaults() (SwitchToPollConfig, error) {
 	}
 	c.Tables = c.Tables.WithDefaults()
 	err := durations.Apply("SwitchToPollConfig", []durations.Default{
-		{"Timeout", &c.Timeout, DefaultSwitchToPollTimeout},
-		{"ReaderGrace", &c.ReaderGrace, DefaultReaderGrace},
-		{"PollInterval", &c.PollInterval, DefaultSwitchPollInterval},
-		{"ProgressInterval", &c.ProgressInterval, DefaultSwitchProgressInterval},
+		{Name: "Timeout", V: &c.Timeout, Def: DefaultSwitchToPollTimeout},
+		{Name: "ReaderGrace", V: &c.ReaderGrace, Def: DefaultReaderGrace},
+		{Name: "PollInterval", V: &c.PollInterval, Def: DefaultSwitchPollInterval},
+		{Name: "ProgressInterval", V: &c.ProgressInterval, Def: DefaultSwitchProgressInterval},
 	})
 	return c, err
 }

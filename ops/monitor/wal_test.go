@@ -1,0 +1,34 @@
+package monitor_test
+
+import (
+	"context"
+	"io"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/monitor"
+)
+
+// The monitor of a WAL source serves the relayer's counters and the slot's state.
+func TestWALMonitorMetrics(t *testing.T) {
+	t.Parallel()
+	db, slot := walSetup(t)
+	figures := func() monitor.WALFigures {
+		return monitor.WALFigures{Published: 7, Parked: 2, Heartbeats: 3, Leading: true, Lag: 1500 * time.Millisecond}
+	}
+	mon, err := monitor.New(monitor.Config{Pool: db.Pool, Tables: db.Tables, Source: ops.WAL(slot), WALFigures: figures, Logger: testLogger(t)})
+	require.NoError(t, err)
+	mon.Refresh(context.Background())
+	rec := httptest.NewRecorder()
+	mon.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	for _, want := range []string{"outbox_events_dispatched_total 7", "outbox_wal_parked_total 2", "outbox_wal_heartbeats_total 3",
+		"outbox_wal_leader 1", "outbox_wal_slot_lag_seconds 1.5", "outbox_wal_slot_active 0",
+		`outbox_wal_slot_wal_status{status="reserved"} 1`, `outbox_wal_slot_wal_status{status="lost"} 0`, "outbox_wal_slot_lag_bytes "} {
+		require.Contains(t, string(body), want)
+	}
+}
