@@ -2,10 +2,7 @@ package ops_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,56 +11,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/opstest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/internal/tmppg"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-// The WAL-mode tests share one throwaway wal_level=logical cluster,
-// started by the first of them (the machine's server has replica).
-var (
-	logicalOnce sync.Once
-	logical     *tmppg.Cluster
-	logicalErr  error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if logical != nil {
-		_ = logical.Stop()
-	}
-	os.Exit(code)
-}
-
-// needLogical starts the shared wal_level=logical cluster once and returns
-// its URL; without one, the test (what names it) fails in CI and is
-// skipped elsewhere.
-func needLogical(t *testing.T, what string) string {
-	t.Helper()
-	logicalOnce.Do(func() {
-		if !tmppg.Available() {
-			logicalErr = errors.New("initdb and pg_ctl are not on the PATH")
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		logical, logicalErr = tmppg.Logical(ctx, 10, nil)
-	})
-	if logicalErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s need a throwaway wal_level=logical cluster, and none started: %v", what, logicalErr)
-		}
-		t.Skipf("skipped: %s need a throwaway wal_level=logical cluster (initdb/pg_ctl), and none started: %v", what, logicalErr)
-	}
-	return logical.URL()
-}
+func TestMain(m *testing.M) { opstest.Main(m) }
 
 // walSetup gives a schema on the logical cluster with the outbox's slot
 // and publication created (walrelay.Setup), as a WAL relay leaves them.
 func walSetup(t *testing.T) (*pgtest.DB, string) {
 	t.Helper()
-	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: needLogical(t, "the WAL-mode operations tests")})
+	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: opstest.NeedLogical(t, "the WAL-mode operations tests")})
 	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 	t.Cleanup(func() { _ = walrelay.Teardown(context.Background(), db.Pool, slot, slot) })
@@ -148,7 +108,7 @@ func TestWALCleanupDeletesOnlyConfirmed(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Tables.OutboxIdent()).Scan(&n))
 		return n
 	}
-	cfg := ops.CleanupConfig{Tables: db.Tables, Retention: 24 * time.Hour, Source: ops.WAL(slot), WALConfirmWait: 300 * time.Millisecond, SkipProcessed: true, Logger: testLogger(t)}
+	cfg := ops.CleanupConfig{Tables: db.Tables, Retention: 24 * time.Hour, Source: ops.WAL(slot), WALConfirmWait: 300 * time.Millisecond, SkipProcessed: true, Logger: opstest.Logger(t)}
 
 	// Nobody reads the slot: it never confirms; nothing is deleted.
 	res, err := ops.Cleanup(ctx, db.Pool, cfg)
@@ -174,7 +134,7 @@ func TestWALCleanupDeletesOnlyConfirmed(t *testing.T) {
 
 	// The full cleanup, with a reader confirming (here: advancing the
 	// slot while it waits), deletes the late row too, and not the young.
-	stop := start(t, func(ctx context.Context) {
+	stop := opstest.Start(t, func(ctx context.Context) {
 		for ctx.Err() == nil {
 			_, _ = db.Pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
 			time.Sleep(20 * time.Millisecond)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox/internal/opstest"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/ops/monitor"
 )
@@ -20,7 +21,7 @@ func TestWALMonitorMetrics(t *testing.T) {
 	figures := func() monitor.WALFigures {
 		return monitor.WALFigures{Published: 7, Parked: 2, Heartbeats: 3, Leading: true, Lag: 1500 * time.Millisecond}
 	}
-	mon, err := monitor.New(monitor.Config{Pool: db.Pool, Tables: db.Tables, Source: ops.WAL(slot), WALFigures: figures, Logger: testLogger(t)})
+	mon, err := monitor.New(monitor.Config{Pool: db.Pool, Tables: db.Tables, Source: ops.WAL(slot), WALFigures: figures, Logger: opstest.Logger(t)})
 	require.NoError(t, err)
 	mon.Refresh(context.Background())
 	rec := httptest.NewRecorder()
