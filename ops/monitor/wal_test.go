@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/internal/opstest"
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/ops/monitor"
 )
@@ -32,4 +33,20 @@ func TestWALMonitorMetrics(t *testing.T) {
 		`outbox_wal_slot_wal_status{status="reserved"} 1`, `outbox_wal_slot_wal_status{status="lost"} 0`, "outbox_wal_slot_lag_bytes "} {
 		require.Contains(t, string(body), want)
 	}
+}
+
+// A monitor of the WAL source reads its relayer's counters through
+// WALFigures, and refuses to start without them.
+func TestMonitorOfTheWALSourceNeedsItsFigures(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 2})
+	_, err := monitor.New(monitor.Config{Pool: db.Pool, Tables: db.Tables, Source: ops.WAL("outbox_x")})
+	require.ErrorContains(t, err, "WALFigures is nil")
+	mon, err := monitor.New(monitor.Config{Pool: db.Pool, Tables: db.Tables, Source: ops.WAL("outbox_x"),
+		WALFigures: func() monitor.WALFigures { return monitor.WALFigures{} }})
+	require.NoError(t, err)
+	require.Nil(t, mon.Metrics(), "the polling relayer's hook has no use for a WAL source")
+	mon, err = monitor.New(monitor.Config{Pool: db.Pool, Tables: db.Tables})
+	require.NoError(t, err)
+	require.NotNil(t, mon.Metrics())
 }
