@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -174,10 +176,7 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 		return err
 	}
 	if o.httpAddr != "" {
-		m := consumermetrics.New(o.cfg.Name, cons.Stats)
-		m.WatchLag(o.cfg.Group, kadm.NewClient(cl))
-		h := m.Handler(consumermetrics.ReadyCheck{Name: "database", Check: pool.Ping}, consumermetrics.ReadyCheck{Name: "broker", Check: cl.Ping})
-		_, stopHTTP, err := serveHTTP(o.httpAddr, h, log, "/metrics /healthz /readyz")
+		stopHTTP, err := o.serveHTTP(cons, pool, cl, log)
 		if err != nil {
 			return err
 		}
@@ -199,6 +198,17 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	log.Info("consume stopped", "processed", st.Processed, "duplicates", st.Duplicates,
 		"dead_lettered", st.DeadLettered, "malformed", st.Malformed, "retries", st.Retries)
 	return p.err()
+}
+
+// serveHTTP serves --http: the consumer's counters, its group's lag per
+// partition (read through cl, a client of the consumer's cluster) and
+// readiness over the database and the broker.
+func (o *consumeOptions) serveHTTP(cons *consumer.Consumer, pool *pgxpool.Pool, cl *kgo.Client, log *slog.Logger) (stop func(), err error) {
+	m := consumermetrics.New(o.cfg.Name, cons.Stats)
+	m.WatchLag(o.cfg.Group, kadm.NewClient(cl))
+	h := m.Handler(consumermetrics.ReadyCheck{Name: "database", Check: pool.Ping}, consumermetrics.ReadyCheck{Name: "broker", Check: cl.Ping})
+	_, stop, err = serveHTTP(o.httpAddr, h, log, "/metrics /healthz /readyz")
+	return stop, err
 }
 
 // consumeNames fills in the group and the consumer name from each other.

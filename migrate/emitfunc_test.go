@@ -253,7 +253,7 @@ func libpqEnv(db *pgtest.DB) []string {
 	return append(os.Environ(), "PGOPTIONS=-csearch_path="+db.Tables.Schema)
 }
 
-// The README's Python producer, from 4 threads with a connection each, on
+// The Python producer of docs/producers.md, from 4 threads with a connection each, on
 // 2 aggregates: every transaction sees only smaller ids of its aggregate
 // committed before it (concurrent_test.py), and every event is there.
 func TestEmitFunctionFromPython(t *testing.T) {
@@ -280,7 +280,7 @@ func TestEmitFunctionFromPython(t *testing.T) {
 	require.Equal(t, n+1, rows, "the concurrent events and place_order's")
 }
 
-// The README's psql snippet runs as shown, and a refused event says why
+// The psql snippet of docs/producers.md runs as shown, and a refused event says why
 // and what to do.
 func TestEmitFunctionFromPsql(t *testing.T) {
 	t.Parallel()
@@ -304,15 +304,15 @@ func TestEmitFunctionFromPsql(t *testing.T) {
 	require.Contains(t, out, `HINT:  header names are non-empty and values are JSON strings: write numbers as "3"`)
 }
 
-// The README shows the snippets the tests run.
-func TestReadmeShowsTheProducerSnippets(t *testing.T) {
+// The producers' page shows the snippets the tests run.
+func TestDocsShowTheProducerSnippets(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	page, err := os.ReadFile(filepath.Join("..", "docs", "producers.md"))
 	require.NoError(t, err)
 	for _, f := range []string{"producer.py", "producer.sql", "producer.js"} {
 		snippet, err := os.ReadFile(filepath.Join("..", "examples", "producers", f))
 		require.NoError(t, err)
-		require.True(t, strings.Contains(string(readme), string(snippet)), "README.md should show examples/producers/%s as it is", f)
+		require.True(t, strings.Contains(string(page), string(snippet)), "docs/producers.md should show examples/producers/%s as it is", f)
 	}
 }
 

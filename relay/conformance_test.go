@@ -12,28 +12,27 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/internal/relaytest"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/sourcetest"
 )
 
 // The polling relay passes the shared order, crash and poison scenarios
-// (internal/relaytest), which the WAL source passes too.
+// (relay/sourcetest), which the WAL source passes too.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	relaytest.Run(t, pollingSource())
+	sourcetest.Run(t, pollingSource())
 }
 
 // pollingSource plugs the polling relay into the shared suite: the
 // machine's server, relayers that share the outbox, poison rows held in
 // the failures table with their aggregates waiting behind them.
-func pollingSource() relaytest.Source {
-	return relaytest.Source{
+func pollingSource() sourcetest.Source {
+	return sourcetest.Source{
 		Name: "poll",
-		Open: func(t *testing.T) *pgtest.DB { return pgtest.New(t, pgtest.Options{MaxConns: 16}) },
-		Start: func(t *testing.T, db *pgtest.DB, pub relay.Publisher, cfg relaytest.RelayerConfig) *relaytest.Relayer {
+		Open: func(t *testing.T) *sourcetest.DB { return sourcetest.NewDB(t, "") },
+		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Publisher, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
 			t.Helper()
 			// A pool of its own, whose sessions (its LISTEN connection
 			// included: it copies the pool's config) Kill can find.
@@ -58,12 +57,12 @@ func pollingSource() relaytest.Source {
 			}
 			r, err := relay.New(rc)
 			require.NoError(t, err)
-			return relaytest.Background(t, db, r.Run, []string{app}, func() relaytest.Stats {
+			return sourcetest.Background(t, db, r.Run, []string{app}, func() sourcetest.Stats {
 				s := r.Stats()
-				return relaytest.Stats{Published: s.Dispatched, FailedBatches: s.FailedBatches}
+				return sourcetest.Stats{Published: s.Dispatched, FailedBatches: s.FailedBatches}
 			})
 		},
-		Unacked: func(t *testing.T, db *pgtest.DB) []int64 {
+		Unacked: func(t *testing.T, db *sourcetest.DB) []int64 {
 			t.Helper()
 			rows, err := db.Pool.Query(context.Background(), "SELECT id FROM "+db.Tables.OutboxIdent()+" WHERE dispatched_at IS NULL ORDER BY id")
 			require.NoError(t, err)
@@ -71,17 +70,17 @@ func pollingSource() relaytest.Source {
 			require.NoError(t, err)
 			return ids
 		},
-		Sidelined: func(t *testing.T, db *pgtest.DB) map[int64]relaytest.Sidelined {
+		Sidelined: func(t *testing.T, db *sourcetest.DB) map[int64]sourcetest.Sidelined {
 			t.Helper()
 			// A hold on a row that is no longer pending (parked, published
 			// by a retry) holds nothing.
 			rows, err := db.Pool.Query(context.Background(), `SELECT f.event_id, f.reason, f.error, f.attempts FROM `+migrate.FailuresIdent(db.Tables)+` f
 				JOIN `+db.Tables.OutboxIdent()+` o ON o.id = f.event_id WHERE o.dispatched_at IS NULL`)
 			require.NoError(t, err)
-			out := map[int64]relaytest.Sidelined{}
+			out := map[int64]sourcetest.Sidelined{}
 			var (
 				id int64
-				s  relaytest.Sidelined
+				s  sourcetest.Sidelined
 			)
 			_, err = pgx.ForEachRow(rows, []any{&id, &s.Reason, &s.Err, &s.Attempts}, func() error {
 				out[id] = s
@@ -91,7 +90,7 @@ func pollingSource() relaytest.Source {
 			return out
 		},
 		Holds:          true,
-		Replicas:       relaytest.Share,
+		Replicas:       sourcetest.Share,
 		AcksEachBatch:  true,
 		CheckSidelined: checkWatchdog,
 	}
@@ -100,7 +99,7 @@ func pollingSource() relaytest.Source {
 // checkWatchdog: the watchdog sees held rows at once (not after
 // StuckAfter), each with its reason and last error, and lists the rows
 // behind one as blocked by it.
-func checkWatchdog(t *testing.T, db *pgtest.DB, poison map[int64]string, behind map[int64]int64) {
+func checkWatchdog(t *testing.T, db *sourcetest.DB, poison map[int64]string, behind map[int64]int64) {
 	t.Helper()
 	held := map[string]int64{}
 	for _, reason := range poison {

@@ -15,37 +15,36 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/internal/relaytest"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/sourcetest"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
 // `outbox relay --mode wal` passes the order, crash and poison scenarios
-// the polling relay passes (internal/relaytest).
+// the polling relay passes (relay/sourcetest).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	needLogical(t)
-	relaytest.Run(t, walSource())
+	sourcetest.Run(t, walSource())
 }
 
 // walSource plugs the WAL source into the shared suite: the logical
 // cluster, one leader and standbys, commit order whatever the ids, poison
 // events parked.
-func walSource() relaytest.Source {
-	return relaytest.Source{
+func walSource() sourcetest.Source {
+	return sourcetest.Source{
 		Name:        "wal",
 		EventSource: "wal",
-		Open: func(t *testing.T) *pgtest.DB {
+		Open: func(t *testing.T) *sourcetest.DB {
 			t.Helper()
 			db, slot := logicalOutbox(t)
 			// The slot exists before the first event: what is committed
 			// before it is not in it.
 			require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
-			return db
+			return (*sourcetest.DB)(db)
 		},
-		Start: func(t *testing.T, db *pgtest.DB, pub relay.Publisher, cfg relaytest.RelayerConfig) *relaytest.Relayer {
+		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Publisher, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
 			t.Helper()
 			name := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 			r, err := walrelay.New(walrelay.Config{
@@ -64,16 +63,16 @@ func walSource() relaytest.Source {
 			// Its own sessions: the leader lock's and the stream's
 			// (relayer.go's appName).
 			apps := []string{"outbox-wal leader " + name, "outbox-wal stream " + name}
-			return relaytest.Background(t, db, r.Run, apps, func() relaytest.Stats {
+			return sourcetest.Background(t, db, r.Run, apps, func() sourcetest.Stats {
 				s := r.Stats()
-				return relaytest.Stats{Published: s.Published, FailedBatches: s.FailedBatches}
+				return sourcetest.Stats{Published: s.Published, FailedBatches: s.FailedBatches}
 			})
 		},
 		Unacked:     slotInserts,
 		Sidelined:   parkedEvents,
 		Holds:       false,
 		CommitOrder: true,
-		Replicas:    relaytest.Lead,
+		Replicas:    sourcetest.Lead,
 	}
 }
 
@@ -82,7 +81,7 @@ func walSource() relaytest.Source {
 // decodes the slot's changes without consuming them
 // (pg_logical_slot_peek_binary_changes, pgoutput), once the stream of the
 // last relayer has released the slot.
-func slotInserts(t *testing.T, db *pgtest.DB) []int64 {
+func slotInserts(t *testing.T, db *sourcetest.DB) []int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -99,7 +98,7 @@ func slotInserts(t *testing.T, db *pgtest.DB) []int64 {
 	}
 }
 
-func peekInserts(ctx context.Context, db *pgtest.DB, slot string) ([]int64, error) {
+func peekInserts(ctx context.Context, db *sourcetest.DB, slot string) ([]int64, error) {
 	rows, err := db.Pool.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, 'proto_version', '1', 'publication_names', $2)`, slot, slot)
 	if err != nil {
 		return nil, err
@@ -144,11 +143,11 @@ func peekInserts(ctx context.Context, db *pgtest.DB, slot string) ([]int64, erro
 
 // parkedEvents reads the parked table, where the WAL source moves the
 // events it cannot publish (reason "wal relay: <reason>").
-func parkedEvents(t *testing.T, db *pgtest.DB) map[int64]relaytest.Sidelined {
+func parkedEvents(t *testing.T, db *sourcetest.DB) map[int64]sourcetest.Sidelined {
 	t.Helper()
 	rows, err := db.Pool.Query(context.Background(), `SELECT id, reason, coalesce(last_error, '') FROM `+migrate.ParkedIdent(db.Tables))
 	require.NoError(t, err)
-	out := map[int64]relaytest.Sidelined{}
+	out := map[int64]sourcetest.Sidelined{}
 	var (
 		id           int64
 		reason, last string
@@ -158,7 +157,7 @@ func parkedEvents(t *testing.T, db *pgtest.DB) map[int64]relaytest.Sidelined {
 		if !ok {
 			return errors.New("parked event " + strconv.FormatInt(id, 10) + " has reason " + strconv.Quote(reason) + ", not one the WAL source writes")
 		}
-		out[id] = relaytest.Sidelined{Reason: code, Err: last, Attempts: 1}
+		out[id] = sourcetest.Sidelined{Reason: code, Err: last, Attempts: 1}
 		return nil
 	})
 	require.NoError(t, err)

@@ -43,7 +43,8 @@ const lingerBelow = 4096
 type lingerConn struct {
 	net.Conn
 	linger time.Duration
-	timer  *time.Timer // of Read's wait; reads are sequential (pgconn's reader)
+	clock  clock
+	timer  timer // of Read's wait; reads are sequential (pgconn's reader)
 	// behind is set while the stream reads transactions that committed
 	// long ago (a backlog): reads do not wait then.
 	behind atomic.Bool
@@ -56,7 +57,7 @@ type lingerConn struct {
 }
 
 func newLingerConn(c net.Conn, linger time.Duration) *lingerConn {
-	return &lingerConn{Conn: c, linger: linger, kick: make(chan struct{}, 1)}
+	return &lingerConn{Conn: c, linger: linger, clock: wallClock{}, kick: make(chan struct{}, 1)}
 }
 
 // wait is how long Read waits before it reads.
@@ -69,9 +70,10 @@ func (c *lingerConn) wait() time.Duration {
 	if c.drained.IsZero() {
 		return 0
 	}
-	w := c.linger - time.Since(c.drained)
+	now := c.clock.Now()
+	w := c.linger - now.Sub(c.drained)
 	if !c.deadline.IsZero() {
-		w = min(w, time.Until(c.deadline))
+		w = min(w, c.deadline.Sub(now))
 	}
 	return w
 }
@@ -79,12 +81,12 @@ func (c *lingerConn) wait() time.Duration {
 func (c *lingerConn) Read(p []byte) (int, error) {
 	for w := c.wait(); w > 0; w = c.wait() {
 		if c.timer == nil {
-			c.timer = time.NewTimer(w)
+			c.timer = c.clock.NewTimer(w)
 		} else {
 			c.timer.Reset(w)
 		}
 		select {
-		case <-c.timer.C:
+		case <-c.timer.C():
 		case <-c.kick: // a new deadline: look again
 			c.timer.Stop()
 		}
@@ -93,7 +95,7 @@ func (c *lingerConn) Read(p []byte) (int, error) {
 	if n > 0 {
 		c.mu.Lock()
 		if n < len(p) && n < lingerBelow {
-			c.drained = time.Now()
+			c.drained = c.clock.Now()
 		} else {
 			c.drained = time.Time{}
 		}
@@ -123,3 +125,27 @@ func (c *lingerConn) SetReadDeadline(t time.Time) error {
 	c.setReadDeadline(t)
 	return err
 }
+
+// clock is the time the relayer's own waits are measured in: the wall
+// clock, or a test's, which the test moves on.
+type clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) timer
+}
+
+// timer is a clock's time.Timer.
+type timer interface {
+	C() <-chan time.Time
+	Stop() bool
+	Reset(d time.Duration) bool
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+func (wallClock) NewTimer(d time.Duration) timer { return wallTimer{time.NewTimer(d)} }
+
+type wallTimer struct{ *time.Timer }
+
+func (t wallTimer) C() <-chan time.Time { return t.Timer.C }

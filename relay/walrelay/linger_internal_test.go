@@ -43,6 +43,8 @@ func TestLingerTakesInWhatArrivesMeanwhileInOneRead(t *testing.T) {
 	t.Parallel()
 	const linger = 300 * time.Millisecond
 	r, w := lingerPair(t, linger)
+	clk := newFakeClock()
+	r.clock = clk
 	buf := make([]byte, 64)
 	write(t, w, "a")
 	n, err := r.Read(buf)
@@ -52,16 +54,42 @@ func TestLingerTakesInWhatArrivesMeanwhileInOneRead(t *testing.T) {
 	drained := r.drained
 	r.mu.Unlock()
 	require.False(t, drained.IsZero(), "a short read drains")
+	got := readAsync(r, buf)
+	clk.waitArmed(t, linger) // the read waits out the linger
+	for _, s := range []string{"b", "c", "d"} {
+		write(t, w, s)
+	}
+	require.Empty(t, got, "the read returned before the linger passed")
+	clk.Advance(linger)
+	res := wait(t, got)
+	require.NoError(t, res.err)
+	require.Equal(t, "bcd", res.data, "three writes, one read")
+}
+
+type readResult struct {
+	data string
+	err  error
+}
+
+// readAsync reads once from r into buf, in a goroutine of its own.
+func readAsync(r *lingerConn, buf []byte) chan readResult {
+	got := make(chan readResult, 1)
 	go func() {
-		for _, s := range []string{"b", "c", "d"} {
-			time.Sleep(10 * time.Millisecond)
-			_, _ = w.Write([]byte(s))
-		}
+		n, err := r.Read(buf)
+		got <- readResult{string(buf[:n]), err}
 	}()
-	n, err = r.Read(buf)
-	require.NoError(t, err)
-	require.Equal(t, "bcd", string(buf[:n]), "three writes, one read")
-	require.GreaterOrEqual(t, time.Since(drained), linger, "the read waited out the linger")
+	return got
+}
+
+func wait(t *testing.T, got chan readResult) readResult {
+	t.Helper()
+	select {
+	case res := <-got:
+		return res
+	case <-time.After(10 * time.Second):
+		t.Fatal("the read did not return")
+		return readResult{}
+	}
 }
 
 // The first message after a quiet spell is read as it comes, and a read
@@ -132,40 +160,40 @@ func TestLingerHonoursDeadlines(t *testing.T) {
 	t.Parallel()
 	const linger = 10 * time.Second
 	r, w := lingerPair(t, linger)
+	clk := newFakeClock()
+	r.clock = clk
 	buf := make([]byte, 64)
 	write(t, w, "a")
 	_, err := r.Read(buf)
 	require.NoError(t, err)
 
-	start := time.Now()
-	require.NoError(t, r.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
-	_, err = r.Read(buf)
-	require.True(t, errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
-	require.Less(t, time.Since(start), linger/2)
+	require.NoError(t, r.SetReadDeadline(clk.Now().Add(50*time.Millisecond)))
+	got := readAsync(r, buf)
+	clk.waitArmed(t, 50*time.Millisecond) // the deadline bounds the wait
+	clk.Advance(50 * time.Millisecond)
+	res := wait(t, got)
+	require.True(t, errors.Is(res.err, os.ErrDeadlineExceeded), "%v", res.err)
 
 	require.NoError(t, r.SetReadDeadline(time.Time{}))
-	go func() {
-		time.Sleep(50 * time.Millisecond)
-		_ = r.SetDeadline(time.Unix(1, 0)) // as pgconn's deadline handler cancels
-	}()
-	start = time.Now()
-	_, err = r.Read(buf)
-	require.True(t, errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
-	require.Less(t, time.Since(start), linger/2)
+	got = readAsync(r, buf)
+	clk.waitArmed(t, linger-50*time.Millisecond)
+	require.NoError(t, r.SetDeadline(time.Unix(1, 0))) // as pgconn's deadline handler cancels
+	res = wait(t, got)
+	require.True(t, errors.Is(res.err, os.ErrDeadlineExceeded), "%v", res.err)
 
 	// A deadline set during the wait, sooner than its end, ends it then.
 	require.NoError(t, r.SetReadDeadline(time.Time{}))
 	r.mu.Lock()
-	r.drained = time.Now()
+	r.drained = clk.Now()
 	r.mu.Unlock()
-	go func() {
-		time.Sleep(20 * time.Millisecond)
-		_ = r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-	}()
-	start = time.Now()
-	_, err = r.Read(buf)
-	require.True(t, errors.Is(err, os.ErrDeadlineExceeded), "%v", err)
-	require.Less(t, time.Since(start), linger/2)
+	got = readAsync(r, buf)
+	clk.waitArmed(t, linger)
+	require.NoError(t, r.SetReadDeadline(clk.Now().Add(50*time.Millisecond)))
+	clk.waitArmed(t, 50*time.Millisecond) // the new deadline bounds the wait
+	require.Empty(t, got, "the read returned before its deadline")
+	clk.Advance(50 * time.Millisecond)
+	res = wait(t, got)
+	require.True(t, errors.Is(res.err, os.ErrDeadlineExceeded), "%v", res.err)
 
 	// With the deadline cleared, data written meanwhile is read.
 	require.NoError(t, r.SetDeadline(time.Time{}))

@@ -15,9 +15,9 @@ import (
 // per transaction, and keeps the oldest commit's time.
 func TestPendingGrowsPerMarkNotPerTransaction(t *testing.T) {
 	t.Parallel()
-	s := &streamState{}
 	r := &Relayer{}
-	r.enqueue(s, item{msg: relay.Message{ID: 1, Payload: []byte(`{}`)}})
+	s := &streamer{r: r}
+	s.enqueue(item{msg: relay.Message{ID: 1, Payload: []byte(`{}`)}})
 	first := time.Unix(1000, 0)
 	s.checkpoint(100, first)
 	for i := range 10_000 {
@@ -29,7 +29,7 @@ func TestPendingGrowsPerMarkNotPerTransaction(t *testing.T) {
 
 	// A mark made by a heartbeat (no commit time) gets one when a commit
 	// joins it.
-	r.enqueue(s, item{msg: relay.Message{ID: 2, Payload: []byte(`{}`)}})
+	s.enqueue(item{msg: relay.Message{ID: 2, Payload: []byte(`{}`)}})
 	s.checkpoint(20_000, time.Time{})
 	s.checkpoint(20_001, first.Add(time.Hour))
 	require.Len(t, s.marks, 2)
@@ -38,7 +38,7 @@ func TestPendingGrowsPerMarkNotPerTransaction(t *testing.T) {
 	b := s.take(10, 1<<20)
 	require.Len(t, b.items, 2)
 	require.Equal(t, pglogrepl.LSN(20_001), b.end)
-	r.advance(s, b.end)
+	s.advance(b.end)
 	require.Empty(t, s.pending)
 	require.Zero(t, s.bytes)
 }
@@ -47,10 +47,10 @@ func TestPendingGrowsPerMarkNotPerTransaction(t *testing.T) {
 // item goes alone.
 func TestTakeCutsByBytes(t *testing.T) {
 	t.Parallel()
-	s := &streamState{}
 	r := &Relayer{}
+	s := &streamer{r: r}
 	for i, n := range []int{40, 40, 40, 200, 10} {
-		r.enqueue(s, item{msg: relay.Message{ID: int64(i + 1), Payload: make([]byte, n)}})
+		s.enqueue(item{msg: relay.Message{ID: int64(i + 1), Payload: make([]byte, n)}})
 	}
 	require.Equal(t, 330, s.bytes)
 	require.Len(t, s.take(100, 100).items, 2)

@@ -155,17 +155,11 @@ func (r *Relayer) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if r.cfg.defaultNames {
-		old, err := legacySlot(ctx, r.cfg.Pool, r.cfg.Tables, r.cfg.Slot)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
+	if err := r.checkLegacySlot(ctx); err != nil {
+		if ctx.Err() != nil && !errors.Is(err, ErrLegacySlot) {
+			return nil
 		}
-		if old != "" {
-			return fmt.Errorf("%w: slot %s holds this outbox's position and there is no slot %s (this version's default): set Config.Slot and Config.Publication to %s (--slot %s --publication %s) to go on from it; a new slot would start at the current position and skip what is pending in the old one", ErrLegacySlot, old, r.cfg.Slot, old, old, old)
-		}
+		return err
 	}
 	r.log.Info("wal relay started; waiting to lead", "publication", r.cfg.Publication, "batch_size", r.cfg.BatchSize, "heartbeat_interval", r.cfg.HeartbeatInterval)
 	defer r.log.Info("wal relay stopped")
@@ -208,6 +202,23 @@ func (r *Relayer) Run(ctx context.Context) error {
 		if !backoff.Sleep(ctx, d) {
 			return nil
 		}
+	}
+	return nil
+}
+
+// checkLegacySlot refuses to start under the default names when the
+// outbox's position is held by a slot of an earlier version's default name
+// (ErrLegacySlot): a new slot would skip what is pending in the old one.
+func (r *Relayer) checkLegacySlot(ctx context.Context) error {
+	if !r.cfg.defaultNames {
+		return nil
+	}
+	old, err := legacySlot(ctx, r.cfg.Pool, r.cfg.Tables, r.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if old != "" {
+		return fmt.Errorf("%w: slot %s holds this outbox's position and there is no slot %s (this version's default): set Config.Slot and Config.Publication to %s (--slot %s --publication %s) to go on from it; a new slot would start at the current position and skip what is pending in the old one", ErrLegacySlot, old, r.cfg.Slot, old, old, old)
 	}
 	return nil
 }

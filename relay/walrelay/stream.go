@@ -2,25 +2,17 @@ package walrelay
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
-
-	"github.com/pgoutbox/outbox/internal/backoff"
-	"github.com/pgoutbox/outbox/internal/clip"
-	"github.com/pgoutbox/outbox/relay"
 )
 
 // mark is a commit (or a heartbeat) in the stream: once the first n items
@@ -55,9 +47,9 @@ const (
 )
 
 // lingering reports whether the queue waits for more before it goes out.
-func (r *Relayer) lingering(s *streamState, now time.Time) bool {
-	return len(s.queue) > 0 && len(s.queue) < r.cfg.BatchSize && s.bytes < r.cfg.MaxBatchBytes &&
-		!s.commit.IsZero() && now.Sub(s.commit) > behindAge && now.Sub(s.queuedAt) < lingerMax
+func (st *streamer) lingering(now time.Time) bool {
+	return len(st.queue) > 0 && len(st.queue) < st.r.cfg.BatchSize && st.bytes < st.r.cfg.MaxBatchBytes &&
+		!st.commit.IsZero() && now.Sub(st.commit) > behindAge && now.Sub(st.queuedAt) < lingerMax
 }
 
 // batch is what the publisher goroutine publishes; end is the position to
@@ -72,7 +64,8 @@ type batch struct {
 	ok bool
 }
 
-// streamState is the stream's bookkeeping, owned by the stream goroutine.
+// streamState is the stream's bookkeeping: what was read and is not yet
+// acknowledged. The stream goroutine owns it.
 type streamState struct {
 	rels   map[uint32]*relation
 	inTx   bool
@@ -87,17 +80,80 @@ type streamState struct {
 	lc       *lingerConn // the connection, when it lingers
 }
 
+// streamer is one lead's stream, a small state machine run by stream:
+// connect (the replication connection, START_REPLICATION), then steps,
+// each doing what is due (a settled batch acknowledged, a batch taken and
+// handed to the publisher, a status update) and one read round (decode,
+// enqueue), until the stream ends; then finish. The stream goroutine owns
+// its fields, but for the round's (roundMu) and done, which the publisher
+// goroutine and ctx's end (wake) touch. The publisher goroutine runs
+// settle, a method of the Relayer: it touches none of the stream's state.
+type streamer struct {
+	r *Relayer
+	// ctx ends the stream; runCtx is Run's (see stream).
+	ctx, runCtx context.Context
+	conn        *pgconn.PgConn
+	netConn     net.Conn
+	// What has been read and not yet acknowledged.
+	streamState
+
+	// The batch out: at most one, published by its own goroutine under
+	// pubCtx, and sent on done once settled.
+	done     chan batch
+	inflight bool
+	wg       sync.WaitGroup
+	// The batch out outlives ctx when Run is stopping (as the polling
+	// relay's batchContext): it finishes, is acknowledged, then Run
+	// returns; ShutdownTimeout after the stop it is cut short.
+	pubCtx    context.Context
+	stopPub   context.CancelFunc
+	stopGrace func() bool
+
+	// The stream is read in rounds, each ending at a deadline on the
+	// connection (not a context per read, which costs allocations and a
+	// goroutine per message): when a status update falls due or a
+	// lingering batch must go out. A settled batch, or ctx's end, ends
+	// the round at once (wake).
+	roundMu    sync.Mutex
+	roundArmed bool // the connection's read deadline is roundEnd
+	roundEnd   time.Time
+	closing    bool // the stream is over: wake no more
+
+	lastStatus time.Time
+	sentAcked  pglogrepl.LSN // the position the last status update told
+}
+
 // stream reads the slot from its confirmed position and publishes in
 // commit order until ctx ends or the stream fails. When runCtx (Run's) has
 // ended, the batch in flight is let finish within ShutdownTimeout and is
 // acknowledged; otherwise (the lock was lost, the stream failed) it is
 // stopped at once.
 func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error {
+	st := &streamer{r: r, ctx: ctx, runCtx: runCtx, done: make(chan batch, 1)}
+	if err := st.connect(); err != nil {
+		return err
+	}
+	defer st.conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the stream is over either way
+	st.lead(start)
+	defer st.stopPublishing()
+	defer context.AfterFunc(ctx, st.wake)()
+	defer st.finish()
+	for {
+		if err := st.step(); err != nil {
+			return err
+		}
+	}
+}
+
+// connect opens the replication connection (its socket a lingerConn when
+// Linger is set) and starts replication from the slot.
+func (st *streamer) connect() error {
+	r, ctx := st.r, st.ctx
 	pc := r.cfg.Pool.Config().ConnConfig.Config.Copy()
 	// A cancelled operation (a status update, the read to a commit at
 	// shutdown) must not send the walsender a cancel request: a deadline
 	// on the socket ends it and leaves the stream as it is. The stream's
-	// own reads use deadlines directly (the rounds below).
+	// own reads use deadlines directly (the rounds).
 	pc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
@@ -132,239 +188,260 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 	if err != nil {
 		return fmt.Errorf("open the replication connection (the role needs the REPLICATION attribute): %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the stream is over either way
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + r.cfg.Publication + "'", "messages 'true'"},
 	})
 	if err != nil {
-		return r.classify(ctx, fmt.Errorf("start replication from slot %s: %w", r.cfg.Slot, err))
+		err = r.classify(ctx, fmt.Errorf("start replication from slot %s: %w", r.cfg.Slot, err))
+		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the start's error
+		return err
 	}
-	s := &streamState{rels: map[uint32]*relation{}, acked: start, lc: lc}
+	st.conn, st.netConn, st.lc = conn, conn.Conn(), lc
+	return nil
+}
+
+// lead sets up the stream of the connection, which replicates from start,
+// and tells that this relayer leads.
+func (st *streamer) lead(start pglogrepl.LSN) {
+	r, ctx, runCtx := st.r, st.ctx, st.runCtx
+	st.rels = map[uint32]*relation{}
+	st.acked = start
 	r.acked.Store(uint64(start))
 	r.leading.Store(true)
 	r.log.Info("wal relay leads: streaming the slot", "from", start.String())
-
-	done := make(chan batch, 1)
-	var (
-		inflight bool
-		wg       sync.WaitGroup
-		// The stream is read in rounds, each ending at a deadline on the
-		// connection (not a context per read, which costs allocations
-		// and a goroutine per message): when a status update falls due
-		// or a lingering batch must go out. A settled batch, or ctx's
-		// end, ends the round at once (wake).
-		roundMu    sync.Mutex
-		roundArmed bool // the connection's read deadline is roundEnd
-		roundEnd   time.Time
-		closing    bool // the stream is over: wake no more
-		lastStatus time.Time
-		sentAcked  pglogrepl.LSN // the position the last status update told
-	)
-	// The batch out outlives ctx when Run is stopping (as the polling
-	// relay's batchContext): it finishes, is acknowledged, then Run
-	// returns; ShutdownTimeout after the stop it is cut short.
-	pubCtx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopPub()
-	stopGrace := context.AfterFunc(ctx, func() {
+	st.pubCtx, st.stopPub = context.WithCancel(context.WithoutCancel(ctx))
+	st.stopGrace = context.AfterFunc(ctx, func() {
 		if runCtx.Err() == nil {
-			stopPub()
+			st.stopPub()
 			return
 		}
-		t := time.AfterFunc(r.cfg.ShutdownTimeout, stopPub)
-		context.AfterFunc(pubCtx, func() { t.Stop() })
+		t := time.AfterFunc(r.cfg.ShutdownTimeout, st.stopPub)
+		context.AfterFunc(st.pubCtx, func() { t.Stop() })
 	})
-	defer stopGrace()
-	netConn := conn.Conn()
-	wake := func() {
-		roundMu.Lock()
-		if !closing {
-			roundArmed = false
-			_ = netConn.SetReadDeadline(time.Unix(1, 0))
-		}
-		roundMu.Unlock()
+}
+
+// stopPublishing releases what newStreamer set up for the batch out.
+func (st *streamer) stopPublishing() {
+	st.stopGrace()
+	st.stopPub()
+}
+
+// wake ends the round under way at once.
+func (st *streamer) wake() {
+	st.roundMu.Lock()
+	if !st.closing {
+		st.roundArmed = false
+		_ = st.netConn.SetReadDeadline(time.Unix(1, 0))
 	}
-	defer context.AfterFunc(ctx, wake)()
-	// sendStatus tells the server the position the broker acknowledged.
-	// pglogrepl's send takes no context: a deadline bounds the write.
-	sendStatus := func(timeout time.Duration) error {
-		lastStatus = time.Now()
-		sentAcked = s.acked
-		_ = netConn.SetWriteDeadline(time.Now().Add(timeout))
-		err := pglogrepl.SendStandbyStatusUpdate(context.Background(), conn, pglogrepl.StandbyStatusUpdate{
-			WALWritePosition: s.acked, WALFlushPosition: s.acked, WALApplyPosition: s.acked,
-		})
-		_ = netConn.SetWriteDeadline(time.Time{})
-		if err != nil {
-			return fmt.Errorf("send standby status: %w", err)
+	st.roundMu.Unlock()
+}
+
+// step is one turn of the stream: what is due, then one read round (or,
+// while the read-ahead is full, a wait for the batch out).
+func (st *streamer) step() error {
+	// A settled batch moves the acknowledged position.
+	select {
+	case b := <-st.done:
+		if !b.ok {
+			return fmt.Errorf("publishing stopped: %w", context.Cause(st.pubCtx))
 		}
+		st.inflight = false
+		st.advance(b.end)
+	default:
+	}
+	if !st.inflight {
+		// Nothing out: a commit or heartbeat with nothing queued before
+		// it is acknowledged at once.
+		st.advanceIdle()
+		if len(st.queue) > 0 && !st.lingering(time.Now()) {
+			st.publish(st.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
+		}
+	}
+	if !time.Now().Before(st.nextStatus()) {
+		if err := st.sendStatus(statusWriteTimeout); err != nil {
+			return err
+		}
+	}
+	if st.inflight && (len(st.queue) >= st.r.cfg.BatchSize || st.bytes >= st.r.cfg.MaxBatchBytes) {
+		return st.waitForRoom()
+	}
+	return st.readRound()
+}
+
+// publish hands b to the publisher goroutine, which settles it (settle),
+// sends it on done and wakes the stream.
+func (st *streamer) publish(b batch) {
+	st.inflight = true
+	st.wg.Go(func() {
+		b.ok = st.r.settle(st.pubCtx, st.runCtx, b.items)
+		st.done <- b
+		st.wake()
+	})
+}
+
+// waitForRoom is back pressure: the read-ahead is full, so the stream
+// reads on once the batch out is settled, telling the server meanwhile
+// that we are alive.
+func (st *streamer) waitForRoom() error {
+	t := time.NewTimer(time.Until(st.nextStatus()))
+	defer t.Stop()
+	select {
+	case <-st.ctx.Done():
+		return st.ctx.Err()
+	case b := <-st.done:
+		st.done <- b // handled by the next step
+	case <-t.C:
+	}
+	return nil
+}
+
+// readRound reads one message of the stream, or ends at the round's
+// deadline (nil: the next step sees what is due).
+func (st *streamer) readRound() error {
+	rearm := st.armRound()
+	// A wake before the new deadline was set is seen here: its batch is
+	// in done, or ctx has ended.
+	if st.ctx.Err() != nil {
+		return st.ctx.Err()
+	}
+	if rearm && len(st.done) > 0 {
 		return nil
 	}
-	// nextStatus is when the next status update is due: StatusInterval
-	// after the last, or statusGap after it once the broker acknowledged
-	// more than the server was told, so that the slot follows the broker
-	// within about statusGap of a batch (and its lag drops to ~0 that
-	// soon after a load stops), without an update per small batch.
-	nextStatus := func() time.Time {
-		if s.acked > sentAcked {
-			return lastStatus.Add(min(statusGap, r.cfg.StatusInterval))
+	raw, err := st.conn.ReceiveMessage(context.Background())
+	if err != nil {
+		if st.ctx.Err() != nil {
+			return st.ctx.Err()
 		}
-		return lastStatus.Add(r.cfg.StatusInterval)
+		if pgconn.Timeout(err) {
+			return nil // the round's deadline, or a settled batch woke us
+		}
+		return st.r.classify(st.ctx, fmt.Errorf("receive from slot %s: %w", st.r.cfg.Slot, err))
 	}
-	// On the way out, the batch out is stopped (or, when Run is stopping,
-	// let finish), and what the broker acknowledged is told to the
-	// server, so that a restart re-sends as little as it can.
-	defer func() {
-		// Reads from here on (readToCommit) have their own deadlines.
-		roundMu.Lock()
-		closing = true
-		_ = netConn.SetReadDeadline(time.Time{})
-		roundMu.Unlock()
-		if runCtx.Err() == nil {
-			stopPub()
-		} else if inflight {
-			r.log.Info("wal relay stopping: letting the batch out finish", "shutdown_timeout", r.cfg.ShutdownTimeout)
+	return st.handle(raw)
+}
+
+// armRound sets the round's deadline: the next status update, or sooner
+// when a lingering batch must go out. A round whose deadline is still
+// ahead is kept unless the new one is sooner (a commit or heartbeat with
+// nothing queued moved the acknowledged position). It reports whether it
+// set a new deadline.
+func (st *streamer) armRound() bool {
+	want := st.nextStatus()
+	if l := st.queuedAt.Add(lingerMax); !st.inflight && st.lingering(time.Now()) && l.Before(want) {
+		want = l
+	}
+	st.roundMu.Lock()
+	defer st.roundMu.Unlock()
+	rearm := !st.roundArmed || !time.Now().Before(st.roundEnd) || want.Before(st.roundEnd)
+	if rearm {
+		st.roundEnd, st.roundArmed = want, true
+		_ = st.netConn.SetReadDeadline(st.roundEnd)
+	}
+	return rearm
+}
+
+// handle applies one message of the replication stream.
+func (st *streamer) handle(raw pgproto3.BackendMessage) error {
+	switch msg := raw.(type) {
+	case *pgproto3.ErrorResponse:
+		return st.r.classify(st.ctx, fmt.Errorf("slot %s: %w", st.r.cfg.Slot, pgconn.ErrorResponseToPgError(msg)))
+	case *pgproto3.CopyData:
+		if len(msg.Data) == 0 {
+			return nil
 		}
-		wg.Wait()
-		select {
-		case b := <-done:
-			if b.ok {
-				r.advance(s, b.end)
-				inflight = false
+		switch msg.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse keepalive: %w", err)
 			}
-		default:
-		}
-		if !inflight {
-			for len(s.marks) > 0 && s.marks[0].n == 0 {
-				r.advance(s, s.marks[0].lsn)
-				s.marks = s.marks[1:]
+			return st.keepalive(ka)
+		case pglogrepl.XLogDataByteID:
+			xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
+			if err != nil {
+				return fmt.Errorf("parse XLogData: %w", err)
 			}
-			if runCtx.Err() != nil && s.inTx && len(s.queue) == 0 {
-				r.readToCommit(ctx, conn, s)
-			}
-		}
-		_ = sendStatus(5 * time.Second) // best effort: the slot keeps the last one otherwise
-	}()
-	for {
-		// A settled batch moves the acknowledged position.
-		select {
-		case b := <-done:
-			if !b.ok {
-				return fmt.Errorf("publishing stopped: %w", context.Cause(pubCtx))
-			}
-			inflight = false
-			r.advance(s, b.end)
-		default:
-		}
-		if !inflight {
-			// Nothing out: a commit or heartbeat with nothing queued
-			// before it is acknowledged at once.
-			for len(s.marks) > 0 && s.marks[0].n == 0 {
-				r.advance(s, s.marks[0].lsn)
-				s.marks = s.marks[1:]
-			}
-			if len(s.queue) > 0 && !r.lingering(s, time.Now()) {
-				b := s.take(r.cfg.BatchSize, r.cfg.MaxBatchBytes)
-				inflight = true
-				wg.Go(func() {
-					b.ok = r.settle(pubCtx, runCtx, b.items)
-					done <- b
-					wake()
-				})
-			}
-		}
-		if !time.Now().Before(nextStatus()) {
-			if err := sendStatus(statusWriteTimeout); err != nil {
-				return err
-			}
-		}
-		if inflight && (len(s.queue) >= r.cfg.BatchSize || s.bytes >= r.cfg.MaxBatchBytes) {
-			// Back pressure: read on once the batch out is settled,
-			// telling the server meanwhile that we are alive.
-			t := time.NewTimer(time.Until(nextStatus()))
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return ctx.Err()
-			case b := <-done:
-				done <- b // handled at the top
-			case <-t.C:
-			}
-			t.Stop()
-			continue
-		}
-		// A new round also when a status update fell due sooner than the
-		// round ends (a commit or heartbeat with nothing queued moved the
-		// acknowledged position), or a lingering batch must go out sooner.
-		want := nextStatus()
-		if l := s.queuedAt.Add(lingerMax); !inflight && r.lingering(s, time.Now()) && l.Before(want) {
-			want = l
-		}
-		roundMu.Lock()
-		rearm := !roundArmed || !time.Now().Before(roundEnd) || want.Before(roundEnd)
-		if rearm {
-			roundEnd, roundArmed = want, true
-			_ = netConn.SetReadDeadline(roundEnd)
-		}
-		roundMu.Unlock()
-		// A wake before the new deadline was set is seen here: its batch
-		// is in done, or ctx has ended.
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if rearm && len(done) > 0 {
-			continue
-		}
-		raw, err := conn.ReceiveMessage(context.Background())
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if pgconn.Timeout(err) {
-				continue // the round's deadline, or a settled batch woke us
-			}
-			return r.classify(ctx, fmt.Errorf("receive from slot %s: %w", r.cfg.Slot, err))
-		}
-		switch msg := raw.(type) {
-		case *pgproto3.ErrorResponse:
-			return r.classify(ctx, fmt.Errorf("slot %s: %w", r.cfg.Slot, pgconn.ErrorResponseToPgError(msg)))
-		case *pgproto3.CopyData:
-			if len(msg.Data) == 0 {
-				continue
-			}
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse keepalive: %w", err)
-				}
-				// The server has sent everything before its WAL end: with
-				// nothing of ours open or unacknowledged, that position is
-				// acknowledged (as pg_recvlogical does).
-				if r.keepaliveAdvance && !s.inTx {
-					s.checkpoint(ka.ServerWALEnd, time.Time{})
-				}
-				if ka.ReplyRequested {
-					if !inflight {
-						for len(s.marks) > 0 && s.marks[0].n == 0 {
-							r.advance(s, s.marks[0].lsn)
-							s.marks = s.marks[1:]
-						}
-					}
-					if err := sendStatus(statusWriteTimeout); err != nil {
-						return err
-					}
-				}
-			case pglogrepl.XLogDataByteID:
-				xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return fmt.Errorf("parse XLogData: %w", err)
-				}
-				if err := r.decode(s, xld); err != nil {
-					return err
-				}
-			}
+			return st.decode(xld)
 		}
 	}
+	return nil
+}
+
+// keepalive applies the server's keepalive.
+func (st *streamer) keepalive(ka pglogrepl.PrimaryKeepaliveMessage) error {
+	// The server has sent everything before its WAL end: with nothing of
+	// ours open or unacknowledged, that position is acknowledged (as
+	// pg_recvlogical does).
+	if st.r.keepaliveAdvance && !st.inTx {
+		st.checkpoint(ka.ServerWALEnd, time.Time{})
+	}
+	if !ka.ReplyRequested {
+		return nil
+	}
+	if !st.inflight {
+		st.advanceIdle()
+	}
+	return st.sendStatus(statusWriteTimeout)
+}
+
+// sendStatus tells the server the position the broker acknowledged.
+// pglogrepl's send takes no context: a deadline bounds the write.
+func (st *streamer) sendStatus(timeout time.Duration) error {
+	st.lastStatus = time.Now()
+	st.sentAcked = st.acked
+	_ = st.netConn.SetWriteDeadline(time.Now().Add(timeout))
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), st.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: st.acked, WALFlushPosition: st.acked, WALApplyPosition: st.acked,
+	})
+	_ = st.netConn.SetWriteDeadline(time.Time{})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	return nil
+}
+
+// nextStatus is when the next status update is due: StatusInterval after
+// the last, or statusGap after it once the broker acknowledged more than
+// the server was told, so that the slot follows the broker within about
+// statusGap of a batch (and its lag drops to ~0 that soon after a load
+// stops), without an update per small batch.
+func (st *streamer) nextStatus() time.Time {
+	if st.acked > st.sentAcked {
+		return st.lastStatus.Add(min(statusGap, st.r.cfg.StatusInterval))
+	}
+	return st.lastStatus.Add(st.r.cfg.StatusInterval)
+}
+
+// finish ends the stream: the batch out is stopped (or, when Run is
+// stopping, let finish), and what the broker acknowledged is told to the
+// server, so that a restart re-sends as little as it can.
+func (st *streamer) finish() {
+	// Reads from here on (readToCommit) have their own deadlines.
+	st.roundMu.Lock()
+	st.closing = true
+	_ = st.netConn.SetReadDeadline(time.Time{})
+	st.roundMu.Unlock()
+	if st.runCtx.Err() == nil {
+		st.stopPub()
+	} else if st.inflight {
+		st.r.log.Info("wal relay stopping: letting the batch out finish", "shutdown_timeout", st.r.cfg.ShutdownTimeout)
+	}
+	st.wg.Wait()
+	select {
+	case b := <-st.done:
+		if b.ok {
+			st.advance(b.end)
+			st.inflight = false
+		}
+	default:
+	}
+	if !st.inflight {
+		st.advanceIdle()
+		if st.runCtx.Err() != nil && st.inTx && len(st.queue) == 0 {
+			st.readToCommit()
+		}
+	}
+	_ = st.sendStatus(5 * time.Second) // best effort: the slot keeps the last one otherwise
 }
 
 // readToCommit is for a graceful stop whose last batch ended inside a
@@ -373,11 +450,11 @@ func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error
 // on to its commit, if nothing else of it comes first, lets that commit
 // be acknowledged rather than the transaction re-sent by the next leader.
 // Bounded, best effort.
-func (r *Relayer) readToCommit(ctx context.Context, conn *pgconn.PgConn, s *streamState) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(r.cfg.ShutdownTimeout, 5*time.Second))
+func (st *streamer) readToCommit() {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), min(st.r.cfg.ShutdownTimeout, 5*time.Second))
 	defer cancel()
-	for s.inTx && len(s.queue) == 0 {
-		raw, err := conn.ReceiveMessage(rctx)
+	for st.inTx && len(st.queue) == 0 {
+		raw, err := st.conn.ReceiveMessage(rctx)
 		if err != nil {
 			return
 		}
@@ -386,189 +463,106 @@ func (r *Relayer) readToCommit(ctx context.Context, conn *pgconn.PgConn, s *stre
 			continue
 		}
 		xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-		if err != nil || r.decode(s, xld) != nil {
+		if err != nil || st.decode(xld) != nil {
 			return
 		}
 	}
-	for len(s.marks) > 0 && s.marks[0].n == 0 {
-		r.advance(s, s.marks[0].lsn)
-		s.marks = s.marks[1:]
+	st.advanceIdle()
+}
+
+// advanceIdle acknowledges the commits and heartbeats at the queue's
+// head, which have nothing queued before them.
+func (st *streamer) advanceIdle() {
+	for len(st.marks) > 0 && st.marks[0].n == 0 {
+		st.advance(st.marks[0].lsn)
+		st.marks = st.marks[1:]
 	}
 }
 
 // take hands the first queued items, at most n and maxBytes (but at least
 // one), to the publisher, with the position of the last commit among them.
-func (s *streamState) take(n, maxBytes int) batch {
-	n = min(n, len(s.queue))
-	size := s.queue[0].size()
+func (st *streamer) take(n, maxBytes int) batch {
+	n = min(n, len(st.queue))
+	size := st.queue[0].size()
 	for i := 1; i < n; i++ {
-		if size+s.queue[i].size() > maxBytes {
+		if size+st.queue[i].size() > maxBytes {
 			n = i
 			break
 		}
-		size += s.queue[i].size()
+		size += st.queue[i].size()
 	}
-	s.bytes -= size
-	b := batch{items: s.queue[:n:n]}
-	s.queue = s.queue[n:]
+	st.bytes -= size
+	b := batch{items: st.queue[:n:n]}
+	st.queue = st.queue[n:]
 	k := 0
-	for k < len(s.marks) && s.marks[k].n <= n {
-		b.end = s.marks[k].lsn
+	for k < len(st.marks) && st.marks[k].n <= n {
+		b.end = st.marks[k].lsn
 		k++
 	}
-	s.marks = s.marks[k:]
-	for i := range s.marks {
-		s.marks[i].n -= n
+	st.marks = st.marks[k:]
+	for i := range st.marks {
+		st.marks[i].n -= n
 	}
-	if len(s.queue) == 0 {
-		s.queue = nil
-		s.bytes = 0
+	if len(st.queue) == 0 {
+		st.queue = nil
+		st.bytes = 0
 	}
 	return b
 }
 
 // enqueue queues it for the publisher.
-func (r *Relayer) enqueue(s *streamState, it item) {
-	if len(s.queue) == 0 {
-		s.queuedAt = time.Now()
+func (st *streamer) enqueue(it item) {
+	if len(st.queue) == 0 {
+		st.queuedAt = time.Now()
 	}
-	s.queue = append(s.queue, it)
-	s.bytes += it.size()
-	if int64(s.bytes) > r.queuedBytesMax.Load() {
-		r.queuedBytesMax.Store(int64(s.bytes))
+	st.queue = append(st.queue, it)
+	st.bytes += it.size()
+	if int64(st.bytes) > st.r.queuedBytesMax.Load() {
+		st.r.queuedBytesMax.Store(int64(st.bytes))
 	}
 }
 
 // checkpoint records a position that can be acknowledged once everything
 // queued so far is: a commit, a heartbeat, a keepalive's WAL end.
-func (s *streamState) checkpoint(lsn pglogrepl.LSN, committed time.Time) {
-	if lsn <= s.acked {
+func (st *streamer) checkpoint(lsn pglogrepl.LSN, committed time.Time) {
+	if lsn <= st.acked {
 		return
 	}
 	// pending gets one entry per mark, the oldest commit's, not one per
 	// transaction: while a batch retries, transactions that queue nothing
 	// (other tables', heartbeats) must not grow it.
-	if k := len(s.marks); k > 0 && s.marks[k-1].n == len(s.queue) {
-		m := &s.marks[k-1]
+	if k := len(st.marks); k > 0 && st.marks[k-1].n == len(st.queue) {
+		m := &st.marks[k-1]
 		m.lsn = max(m.lsn, lsn)
 		if !committed.IsZero() && !m.timed {
 			m.timed = true
-			s.pending = append(s.pending, mark{lsn: lsn, committed: committed})
+			st.pending = append(st.pending, mark{lsn: lsn, committed: committed})
 		}
 		return
 	}
-	s.marks = append(s.marks, mark{n: len(s.queue), lsn: lsn, timed: !committed.IsZero()})
+	st.marks = append(st.marks, mark{n: len(st.queue), lsn: lsn, timed: !committed.IsZero()})
 	if !committed.IsZero() {
-		s.pending = append(s.pending, mark{lsn: lsn, committed: committed})
+		st.pending = append(st.pending, mark{lsn: lsn, committed: committed})
 	}
 }
 
 // advance acknowledges lsn (the broker has everything before it).
-func (r *Relayer) advance(s *streamState, lsn pglogrepl.LSN) {
-	if lsn > s.acked {
-		s.acked = lsn
-		r.acked.Store(uint64(lsn))
-		r.progress.Add(1)
+func (st *streamer) advance(lsn pglogrepl.LSN) {
+	if lsn > st.acked {
+		st.acked = lsn
+		st.r.acked.Store(uint64(lsn))
+		st.r.progress.Add(1)
 	}
 	k := 0
-	for k < len(s.pending) && s.pending[k].lsn <= s.acked {
+	for k < len(st.pending) && st.pending[k].lsn <= st.acked {
 		k++
 	}
-	s.pending = s.pending[k:]
-	if len(s.pending) == 0 {
-		r.oldestUnacked.Store(0)
+	st.pending = st.pending[k:]
+	if len(st.pending) == 0 {
+		st.r.oldestUnacked.Store(0)
 	} else {
-		r.oldestUnacked.Store(s.pending[0].committed.UnixNano())
+		st.r.oldestUnacked.Store(st.pending[0].committed.UnixNano())
 	}
-}
-
-// decode applies one pgoutput message to the stream's state.
-func (r *Relayer) decode(s *streamState, xld pglogrepl.XLogData) error {
-	m, err := pglogrepl.Parse(xld.WALData)
-	if err != nil {
-		return fmt.Errorf("decode pgoutput message at %s: %w", xld.WALStart, err)
-	}
-	switch m := m.(type) {
-	case *pglogrepl.RelationMessage:
-		rel, err := newRelation(m, r.cfg.Tables)
-		if err != nil {
-			return err
-		}
-		s.rels[m.RelationID] = rel
-	case *pglogrepl.BeginMessage:
-		s.inTx = true
-		s.commit = m.CommitTime
-		if s.lc != nil {
-			// Behind, the walsender is the bottleneck: read it without
-			// pause (a backlog of small transactions drained 10-30%
-			// slower with a 2 ms linger).
-			s.lc.behind.Store(time.Since(m.CommitTime) > behindAge)
-		}
-	case *pglogrepl.CommitMessage:
-		s.inTx = false
-		s.checkpoint(m.TransactionEndLSN, m.CommitTime)
-		if len(s.pending) == 1 {
-			r.oldestUnacked.Store(s.pending[0].committed.UnixNano())
-		}
-	case *pglogrepl.InsertMessage:
-		rel, ok := s.rels[m.RelationID]
-		if !ok {
-			return fmt.Errorf("walrelay: insert into relation %d before its description", m.RelationID)
-		}
-		if !rel.outbox {
-			return nil
-		}
-		it, err := rel.insertItem(m.Tuple, r.cfg.TopicPrefix)
-		if err != nil {
-			return err
-		}
-		r.enqueue(s, it)
-	case *pglogrepl.LogicalDecodingMessage:
-		if m.Prefix == r.prefix {
-			// Only a transactional message exists iff its transaction
-			// committed (pgoutput sends it with the commit, and never
-			// for a rollback); a non-transactional one is written at
-			// once, rolled back or not, so it is never an event. And
-			// only an outbox in message mode takes events from messages
-			// (Config.Messages, which Run lets start only once no role
-			// but the producers can write them).
-			switch {
-			case !m.Transactional:
-				r.dropped.Add(1)
-				r.log.Error("wal relay dropped a non-transactional logical message with the outbox's prefix: it is no event (it exists whether or not a transaction commits); producers write transactional messages (outbox.ModeMessage)", "lsn", m.LSN.String())
-			case !r.cfg.Messages:
-				r.dropped.Add(1)
-				r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
-			default:
-				it, err := messageItem(m.Content, s.commit, r.cfg.TopicPrefix)
-				if err != nil {
-					r.dropped.Add(1)
-					r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)
-				} else {
-					r.enqueue(s, it)
-				}
-			}
-			if m.Transactional {
-				return nil
-			}
-		}
-		if !m.Transactional {
-			// A heartbeat (ours, or any other non-transactional message):
-			// everything before it has been sent.
-			if m.Prefix == HeartbeatPrefix {
-				r.heartbeats.Add(1)
-			}
-			// m.LSN is the end of the message's record, which is where
-			// the next record starts: confirming one byte more would
-			// let the slot skip a transaction whose commit record
-			// follows the message (a heartbeat from another session
-			// lands between a transaction's inserts and its commit).
-			if !s.inTx {
-				s.checkpoint(m.LSN, time.Time{})
-			}
-		}
-	}
-	return nil
 }
 
 // classify turns a stream failure into ErrSlotLost when the slot was
@@ -582,225 +576,4 @@ func (r *Relayer) classify(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: slot %s has wal_status=lost (it fell behind max_slot_wal_keep_size): drop it (outbox relay --mode wal --teardown), republish the gap from the table (outbox relay --mode poll) and start again; %v", ErrSlotLost, r.cfg.Slot, err)
 	}
 	return err
-}
-
-// settle publishes items until each is acknowledged or parked: a record
-// the broker refuses for good (or the relayer cannot decode) is moved to
-// the parked table and the stream goes on without it; anything else is
-// retried, in order, with backoff, for as long as it takes (or until ctx
-// ends). Publish never acknowledges a record of an aggregate ahead of an
-// earlier one that failed, so retrying the unacknowledged ones in order
-// keeps each aggregate's order, but for the parked.
-//
-// A topic the broker does not know (ReasonInvalidTopic from the
-// publisher; a type that makes no valid topic name is refused before, in
-// decode) is retried for UnknownTopicGrace, then parked: the topic may be
-// about to be created.
-//
-// Once runCtx ends (Run is stopping), the publish under way is let
-// finish, but a failed one is not retried: the next leader re-sends it.
-//
-// It reports whether every item was settled.
-func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
-	// Backoff sleeps end with the stop too.
-	sleepCtx, stopSleep := context.WithCancel(ctx)
-	defer stopSleep()
-	defer context.AfterFunc(runCtx, stopSleep)()
-	failures := 0
-	var unknownSince map[int64]time.Time
-	for len(items) > 0 && ctx.Err() == nil {
-		var park []item
-		send := make([]relay.Message, 0, len(items))
-		sendIdx := make([]int, 0, len(items))
-		for i := range items {
-			if items[i].err != nil {
-				park = append(park, items[i])
-				continue
-			}
-			send = append(send, items[i].msg)
-			sendIdx = append(sendIdx, i)
-		}
-		var errs []error
-		if len(send) > 0 {
-			errs = r.cfg.Publisher.Publish(ctx, send)
-			if len(errs) != len(send) {
-				errs = make([]error, len(send))
-				for i := range errs {
-					errs[i] = fmt.Errorf("publisher returned a wrong number of results")
-				}
-			}
-		}
-		var (
-			again     []item
-			ok        int64
-			refused   map[uuid.UUID]bool
-			transient error
-		)
-		for j, i := range sendIdx {
-			switch err := errs[j]; {
-			case err == nil:
-				ok++
-			case relay.ReasonOf(err) == relay.ReasonInvalidTopic && r.withinGrace(&unknownSince, items[i].msg.ID):
-				again = append(again, items[i])
-				if transient == nil && !refused[items[i].msg.AggregateID] {
-					transient = fmt.Errorf("topic %s unknown to the broker, retried for up to %s before the event is parked: %w", items[i].msg.Topic, r.cfg.UnknownTopicGrace, err)
-				}
-			case relay.IsPermanent(err):
-				it := items[i]
-				it.err = err
-				park = append(park, it)
-				if refused == nil {
-					refused = map[uuid.UUID]bool{}
-				}
-				refused[it.msg.AggregateID] = true
-			default:
-				again = append(again, items[i])
-				if transient == nil && !refused[items[i].msg.AggregateID] {
-					transient = err
-				}
-			}
-		}
-		r.published.Add(ok)
-		if len(park) > 0 {
-			if rest, err := r.parkOrDrop(ctx, park); err != nil {
-				// Not parked: they go round again, in their place.
-				again = mergeInOrder(items, again, rest)
-				if transient == nil {
-					transient = err
-				}
-			}
-		}
-		items = again
-		if transient == nil {
-			failures = 0
-			continue
-		}
-		if ctx.Err() != nil || runCtx.Err() != nil {
-			return false // shutting down: not a failure
-		}
-		failures++
-		r.failedBatches.Add(1)
-		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
-		r.log.Warn("wal relay publish failed; retrying the unacknowledged events in order", "err", transient, "events", len(items), "attempt", failures, "retry_in", d.Round(time.Millisecond))
-		if !backoff.Sleep(sleepCtx, d) {
-			return false
-		}
-	}
-	if len(items) > 0 {
-		return false
-	}
-	r.batches.Add(1)
-	return true
-}
-
-// withinGrace reports whether the event id, whose topic the broker does
-// not know, is still within UnknownTopicGrace of its first such refusal.
-func (r *Relayer) withinGrace(since *map[int64]time.Time, id int64) bool {
-	if *since == nil {
-		*since = map[int64]time.Time{}
-	}
-	first, ok := (*since)[id]
-	if !ok {
-		(*since)[id] = time.Now()
-		return true
-	}
-	return time.Since(first) < r.cfg.UnknownTopicGrace
-}
-
-// parkOrDrop parks items; when the parked table refuses one with a data
-// error (SQLSTATE class 22, e.g. a \u0000 in its JSON), retrying cannot
-// help and would hold the stream forever: that one is dropped, logged
-// with what identifies it. It returns the items neither parked nor
-// dropped, with the error that stopped it.
-func (r *Relayer) parkOrDrop(ctx context.Context, items []item) ([]item, error) {
-	err := r.park(ctx, items)
-	if err == nil {
-		return nil, nil
-	}
-	if !isDataError(err) {
-		return items, err
-	}
-	for i, it := range items {
-		err := r.park(ctx, []item{it})
-		if err == nil {
-			continue
-		}
-		if !isDataError(err) {
-			return items[i:], err
-		}
-		r.dropped.Add(1)
-		r.log.Error("event dropped: it can be neither published nor parked (the parked table refuses it); in plain-insert mode its row stays in the outbox, fix it there and re-insert it to publish it",
-			"event_id", it.msg.ID, "aggregate_id", it.msg.AggregateID, "type", clip.Text(it.msg.Type, 200), "reason", relay.ReasonOf(it.err), "publish_err", it.err, "park_err", err)
-	}
-	return nil, nil
-}
-
-// isDataError reports a Postgres data exception (SQLSTATE class 22): the
-// values are wrong, the same statement fails again.
-func isDataError(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
-}
-
-// mergeInOrder returns the items of a and b in their order in all.
-func mergeInOrder(all, a, b []item) []item {
-	in := make(map[int64]bool, len(a)+len(b))
-	for _, it := range a {
-		in[it.msg.ID] = true
-	}
-	for _, it := range b {
-		in[it.msg.ID] = true
-	}
-	out := make([]item, 0, len(a)+len(b))
-	for _, it := range all {
-		if in[it.msg.ID] {
-			out = append(out, it)
-		}
-	}
-	return out
-}
-
-// park moves items to the parked table in one transaction, logging each.
-func (r *Relayer) park(ctx context.Context, items []item) error {
-	tx, err := r.cfg.Pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("park %d events: %w", len(items), err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
-	for _, it := range items {
-		reason := relay.ReasonOf(it.err)
-		if reason == "" {
-			reason = relay.ReasonBrokerRefused
-		}
-		why := "wal relay: " + reason
-		msg := clip.Text(it.err.Error(), 2000)
-		var headers *string
-		if it.rawHeaders != nil {
-			h := string(it.rawHeaders)
-			headers = &h
-		}
-		created := it.msg.CreatedAt
-		if created.IsZero() {
-			created = time.Now()
-		}
-		// JSON payload and headers are kept as they are; anything else as
-		// JSON strings (parkRawSQL), so that the parked row is whole.
-		sql := r.parkSQL
-		if !json.Valid(it.msg.Payload) || (headers != nil && !json.Valid(it.rawHeaders)) {
-			sql = r.parkRawSQL
-		}
-		if _, err := tx.Exec(ctx, sql, it.msg.ID, it.msg.AggregateID, it.msg.Type, string(it.msg.Payload), headers, created, why, msg); err != nil {
-			return fmt.Errorf("park event %d: %w", it.msg.ID, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("park %d events: %w", len(items), err)
-	}
-	for _, it := range items {
-		r.parked.Add(1)
-		r.log.Error("event parked: it cannot be published, so the stream goes on without it; later events of its aggregate are published without it",
-			"event_id", it.msg.ID, "aggregate_id", it.msg.AggregateID, "type", clip.Text(it.msg.Type, 200), "reason", relay.ReasonOf(it.err), "err", it.err,
-			"unpark", fmt.Sprintf("outbox events unpark %d --yes", it.msg.ID))
-	}
-	return nil
 }

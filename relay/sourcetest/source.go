@@ -1,4 +1,4 @@
-package relaytest
+package sourcetest
 
 import (
 	"context"
@@ -9,11 +9,33 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/relay"
 )
+
+// DB is one scenario's outbox: a fresh, migrated outbox in a schema of its
+// own on a server the source can read. Build it with NewDB.
+type DB struct {
+	// Pool is connected to the server; its search_path starts with the
+	// outbox's schema.
+	Pool *pgxpool.Pool
+	// Tables names the outbox's tables.
+	Tables outbox.Tables
+	// URL connects as Pool does.
+	URL string
+}
+
+// NewDB creates a fresh outbox in a schema of its own on the server at
+// serverURL (DATABASE_URL, else the local test server, when ""), migrated,
+// with a pool of up to 16 connections, and drops it when t ends.
+func NewDB(t *testing.T, serverURL string) *DB {
+	t.Helper()
+	return (*DB)(pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: serverURL}))
+}
 
 // Source is one relay source as the suite drives it. Every field but
 // CheckSidelined is required.
@@ -26,25 +48,25 @@ type Source struct {
 	// record read back carries it.
 	EventSource string
 	// Open creates a fresh outbox in a schema of its own on a server the
-	// source can read, dropped when t ends. Events written right after
+	// source can read (NewDB), dropped when t ends. Events written right after
 	// Open returns, before any relayer starts, must be relayed (the WAL
 	// source creates its slot here).
-	Open func(t *testing.T) *pgtest.DB
+	Open func(t *testing.T) *DB
 	// Start starts one relayer on db's outbox that publishes through pub,
 	// until t ends or the Relayer is stopped or killed: build it with
 	// Background.
-	Start func(t *testing.T, db *pgtest.DB, pub relay.Publisher, cfg RelayerConfig) *Relayer
+	Start func(t *testing.T, db *DB, pub relay.Publisher, cfg RelayerConfig) *Relayer
 	// Unacked lists, ascending, the events the source would publish (again)
 	// if a relayer started now: the pending rows (polling), the inserts the
 	// slot holds past its confirmed position (WAL). The suite calls it once
 	// the outbox's relayers have stopped, and while they run only for a
 	// source that Holds.
-	Unacked func(t *testing.T, db *pgtest.DB) []int64
+	Unacked func(t *testing.T, db *DB) []int64
 	// Sidelined reads, by event id, the events the source set aside
 	// because it cannot publish them, from where an operator finds them:
 	// the holds on pending rows in the failures table (polling), the
 	// parked table (WAL).
-	Sidelined func(t *testing.T, db *pgtest.DB) map[int64]Sidelined
+	Sidelined func(t *testing.T, db *DB) map[int64]Sidelined
 	// Holds is true when the source keeps an event it cannot publish
 	// pending, held, and tries it again after a backoff, its aggregate's
 	// later events waiting behind it (polling: order is kept, the
@@ -71,7 +93,7 @@ type Source struct {
 	// only this source promises. poison is the reason each poison event
 	// was set aside for; behind maps each event that must wait behind a
 	// poison event (a source that Holds) to that event.
-	CheckSidelined func(t *testing.T, db *pgtest.DB, poison map[int64]string, behind map[int64]int64)
+	CheckSidelined func(t *testing.T, db *DB, poison map[int64]string, behind map[int64]int64)
 	// KnownDefects maps the name of a scenario the source fails to what
 	// fails: Run skips it with "known defect: ...", so the suite stays
 	// green while the finding is open and the entry says what to remove
@@ -123,7 +145,7 @@ type Stats struct {
 // Relayer is one relayer a scenario started.
 type Relayer struct {
 	t      *testing.T
-	db     *pgtest.DB
+	db     *DB
 	apps   []string
 	stats  func() Stats
 	cancel context.CancelFunc
@@ -134,7 +156,7 @@ type Relayer struct {
 // Background runs run (a relayer's Run) until t ends or the returned
 // Relayer is stopped. apps are the application_names of the relayer's own
 // database sessions, which Kill terminates; stats reads its counters.
-func Background(t *testing.T, db *pgtest.DB, run func(context.Context) error, apps []string, stats func() Stats) *Relayer {
+func Background(t *testing.T, db *DB, run func(context.Context) error, apps []string, stats func() Stats) *Relayer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relayer{t: t, db: db, apps: apps, stats: stats, cancel: cancel, done: make(chan error, 1)}
@@ -188,7 +210,7 @@ func (r *Relayer) Stats() Stats { return r.stats() }
 // Terminate ends every session on db's server named one of apps and waits
 // until they are gone, so that the next statement on their connections
 // fails for certain. It returns how many it ended.
-func Terminate(db *pgtest.DB, apps ...string) (int, error) {
+func Terminate(db *DB, apps ...string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Materialized first: in a plain WHERE, Postgres may call

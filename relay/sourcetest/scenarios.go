@@ -1,4 +1,4 @@
-package relaytest
+package sourcetest
 
 import "testing"
 

@@ -1,4 +1,4 @@
-package relaytest
+package sourcetest
 
 import (
 	"context"
@@ -87,7 +87,7 @@ func PublishPathProperty(t *testing.T, src Source) {
 			require.Equal(t, "23514", pgErr.Code)
 			require.Equal(t, e.db.Tables.Outbox+"_"+rule, pgErr.ConstraintName, "type %q headers %.100s", r.typ, headers)
 			refused[rule]++
-			e.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+			e.pg().WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
 				return tx.QueryRow(ctx, insert, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
 			})
 		} else {

@@ -1,4 +1,4 @@
-package relaytest
+package sourcetest
 
 import (
 	"context"
@@ -33,10 +33,13 @@ import (
 // env is one scenario's outbox, broker and producer.
 type env struct {
 	src      Source
-	db       *pgtest.DB
+	db       *DB
 	broker   *devkafka.Broker
 	producer *outbox.Producer
 }
+
+// pg is the outbox as the project's test helpers take it.
+func (e *env) pg() *pgtest.DB { return (*pgtest.DB)(e.db) }
 
 // open gives a scenario a fresh outbox of src and a broker of its own
 // (6 partitions; brokerOpts for limits and faults).
@@ -226,7 +229,7 @@ func (e *env) writeLoad(t *testing.T, events, aggregates, writers int, typ strin
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
 	aggs := newAggregates(aggregates)
-	versions := pgident.Qualified(e.db.Tables.Schema, "relaytest_versions")
+	versions := pgident.Qualified(e.db.Tables.Schema, "sourcetest_versions")
 	if e.src.CommitOrder {
 		_, err := e.db.Pool.Exec(ctx, `CREATE TABLE `+versions+` (aggregate_id uuid PRIMARY KEY, v bigint NOT NULL)`)
 		require.NoError(t, err)

@@ -1,4 +1,4 @@
-package relaytest
+package sourcetest
 
 import (
 	"crypto/rand"
@@ -168,7 +168,7 @@ func PoisonRow(t *testing.T, src Source) {
 	emitOthers()
 	id, ev := emit(poisoned) // before the poison event: published
 	pc.healthy[id] = ev
-	poison := e.db.InsertRaw(t, poisoned, "order.placed", `jsonb_build_object('blob', repeat('x', 5000))`, "NULL")
+	poison := e.pg().InsertRaw(t, poisoned, "order.placed", `jsonb_build_object('blob', repeat('x', 5000))`, "NULL")
 	pc.poison[poison] = relay.ReasonTooLarge
 	after, ev := emit(poisoned)
 	pc.behind[after], pc.blockedBy[after] = ev, poison
@@ -211,11 +211,11 @@ func OversizedRow(t *testing.T, src Source) {
 			pc := newPoisonCase("order")
 			pc.errContains, pc.retries = "MESSAGE_TOO_LARGE", 3
 			aggs := newAggregates(50)
-			big := e.db.InsertRaw(t, aggs[0], "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(400_000)), "NULL")
+			big := e.pg().InsertRaw(t, aggs[0], "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(400_000)), "NULL")
 			pc.poison[big] = relay.ReasonTooLarge
 			for i := range 2000 {
 				agg := aggs[i%len(aggs)]
-				id := e.db.InsertRaw(t, agg, "order.placed", fmt.Sprintf(`'{"n": %d}'`, i), "NULL")
+				id := e.pg().InsertRaw(t, agg, "order.placed", fmt.Sprintf(`'{"n": %d}'`, i), "NULL")
 				if agg == aggs[0] {
 					pc.behind[id], pc.blockedBy[id] = event{agg: agg, seq: id}, big
 				} else {
@@ -262,7 +262,7 @@ func RecordsThatFitAloneButNotTogether(t *testing.T, src Source) {
 			aggs := newAggregates(3)
 			for i := range 120 {
 				agg := aggs[i%len(aggs)]
-				id := e.db.InsertRaw(t, agg, "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(9600)), "NULL")
+				id := e.pg().InsertRaw(t, agg, "order.placed", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(9600)), "NULL")
 				pc.healthy[id] = event{agg: agg, seq: id}
 			}
 			r := src.Start(t, e.db, pub, RelayerConfig{})
@@ -283,21 +283,21 @@ func UndecodableRows(t *testing.T, src Source) {
 	pc := newPoisonCase("order")
 	pc.logs = &testlog.Buffer{}
 	healthy := func(agg uuid.UUID, headers string) {
-		id := e.db.InsertRaw(t, agg, "order.placed", `'{}'`, headers)
+		id := e.pg().InsertRaw(t, agg, "order.placed", `'{}'`, headers)
 		pc.healthy[id] = event{agg: agg, seq: id}
 	}
 	for range 50 {
 		healthy(uuid.New(), "NULL")
 	}
 	badAgg := uuid.New()
-	first := e.db.InsertLegacy(t, badAgg, "order.placed", `'{}'`, `'{"retries": 3}'`)
+	first := e.pg().InsertLegacy(t, badAgg, "order.placed", `'{}'`, `'{"retries": 3}'`)
 	pc.poison[first] = relay.ReasonUndecodable
-	pc.poison[e.db.InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'[1, 2]'`)] = relay.ReasonUndecodable
-	pc.poison[e.db.InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'"text"'`)] = relay.ReasonUndecodable
-	pc.poison[e.db.InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"event_id": "1"}'`)] = relay.ReasonReservedHeader
-	pc.poison[e.db.InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"event_source": "x"}'`)] = relay.ReasonReservedHeader
-	pc.poison[e.db.InsertLegacy(t, uuid.New(), "bad topic!.x", `'{}'`, "NULL")] = relay.ReasonInvalidTopic
-	behind := e.db.InsertRaw(t, badAgg, "order.paid", `'{}'`, "NULL")
+	pc.poison[e.pg().InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'[1, 2]'`)] = relay.ReasonUndecodable
+	pc.poison[e.pg().InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'"text"'`)] = relay.ReasonUndecodable
+	pc.poison[e.pg().InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"event_id": "1"}'`)] = relay.ReasonReservedHeader
+	pc.poison[e.pg().InsertLegacy(t, uuid.New(), "order.placed", `'{}'`, `'{"event_source": "x"}'`)] = relay.ReasonReservedHeader
+	pc.poison[e.pg().InsertLegacy(t, uuid.New(), "bad topic!.x", `'{}'`, "NULL")] = relay.ReasonInvalidTopic
+	behind := e.pg().InsertRaw(t, badAgg, "order.paid", `'{}'`, "NULL")
 	pc.behind[behind], pc.blockedBy[behind] = event{agg: badAgg, seq: behind}, first
 	for range 50 {
 		healthy(uuid.New(), `'{"trace": "abc"}'`)
