@@ -33,7 +33,7 @@ var funcLenKnown = map[string]int{
 	"cli/relay.go:runRelay":                            86,
 	"cli/stats.go:newStatsCmd":                         81,
 	"cli/switch.go:newSwitchToPollCmd":                 89,
-	"cli/watchdog.go:newWatchdogCmd":                   96,
+	"cli/watchdog.go:newWatchdogCmd":                   95,
 	"examples/orders/main.go:run":                      113,
 	"relay/sourcetest/env.go:(*env).writeLoad":         140,
 	"relay/sourcetest/property.go:PublishPathProperty": 168,

@@ -513,7 +513,7 @@ func (e *env) cleanUp(ctx context.Context, r bizRun, slot string) (*cleanupCost,
 	if r.mode != "insert_delete" {
 		cfg := ops.CleanupConfig{Tables: e.tables, Retention: time.Microsecond, SkipProcessed: true, Pause: time.Nanosecond, Logger: e.s.cfg.Logger}
 		if r.reader == readWAL {
-			cfg.WALSlot = slot
+			cfg.Source = ops.WAL(slot)
 			cfg.WALConfirmWait = 30 * time.Second
 		}
 		beat := func() {}

@@ -15,6 +15,7 @@ import (
 	"github.com/pgoutbox/outbox/cli"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -51,11 +52,11 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 		{"relay", "max-hold-out", applied.MaxHoldOut},
 		{"relay", "shutdown-timeout", applied.ShutdownTimeout},
 		{"relay", "delivery-timeout", kafka.DefaultDeliveryTimeout},
-		{"relay", "metrics-refresh", ops.DefaultRefreshInterval},
+		{"relay", "metrics-refresh", monitor.DefaultRefreshInterval},
 		{"relay", "stuck-after", ops.DefaultStuckAfter},
 		{"relay", "max-lag", ops.DefaultMaxLag},
-		{"relay", "watchdog-interval", ops.DefaultWatchdogInterval},
-		{"relay", "cleanup-interval", ops.DefaultCleanupInterval},
+		{"relay", "watchdog-interval", monitor.DefaultWatchdogInterval},
+		{"relay", "cleanup-interval", monitor.DefaultCleanupInterval},
 		{"relay", "retention", ops.DefaultRetention},
 		{"relay", "processed-retention", ops.DefaultProcessedRetention},
 		{"relay", "cleanup-batch-size", ops.DefaultCleanupBatch},

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/switchover"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -126,7 +127,7 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 		return err
 	}
 	defer pool.Close()
-	s, err := ops.SetupWAL(ctx, pool, t, o.wal.slot, o.wal.publication)
+	s, err := switchover.SetupWAL(ctx, pool, t, o.wal.slot, o.wal.publication)
 	if err != nil {
 		return err
 	}
@@ -137,7 +138,7 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 	if s.ReaderPID != 0 {
 		return nil // the WAL source runs: rows say nothing of what is pending
 	}
-	cut, pending, err := ops.ReadWALCut(ctx, pool, t)
+	cut, pending, err := switchover.ReadWALCut(ctx, pool, t)
 	if err != nil {
 		return err
 	}
@@ -190,7 +191,7 @@ func runWALRelay(ctx context.Context, o *relayOptions, common relay.Common) erro
 	if err != nil {
 		return err
 	}
-	stopOps, err := o.ops.startWAL(ctx, r, ops.WALWatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
+	stopOps, err := o.ops.startWAL(ctx, r, ops.WatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
 	if err != nil {
 		return err
 	}

@@ -102,7 +102,7 @@ func TestFailureRecordedAgainstTheAggregatesFirstRow(t *testing.T) {
 		require.Equal(t, head, s.BlockedBy)
 		require.Empty(t, s.LastError, "a row behind the failed one has no failure of its own")
 	}
-	s, err := ops.ReadStats(context.Background(), b.db.Pool, b.db.Tables, ops.DefaultStuckAfter)
+	s, err := ops.ReadStats(context.Background(), b.db.Pool, ops.StatsConfig{Tables: b.db.Tables})
 	require.NoError(t, err)
 	require.Equal(t, rep.Held, s.Held, "stats and watchdog agree")
 	require.Equal(t, rep.Lag.Stuck, s.Stuck)

@@ -19,19 +19,19 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/kafka"
-	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-// ops.Metrics, as a hook of the WAL source, sees its batches as it sees
+// monitor.Metrics, as a hook of the WAL source, sees its batches as it sees
 // the polling relay's: the events dispatched by topic, and an event
 // parked for good as a hold with its reason and a permanent publish
 // error the relayer refused itself.
 func TestMetricsHookSeesWALBatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	m := ops.NewMetrics()
+	m := monitor.NewMetrics()
 	r := b.relayer(t, func(c *walrelay.Config) { c.Hooks = []relay.Hook{m} })
 	run(t, r)
 	waitLeading(t, r)
@@ -78,7 +78,7 @@ func TestMetricsHookSeesWALBatches(t *testing.T) {
 		metric("outbox_events_dispatched_total", map[string]string{"topic": "order"}),
 		metric("outbox_events_dispatched_total", map[string]string{"topic": "payment"}),
 		metric("outbox_holds_total", map[string]string{"reason": relay.ReasonReservedHeader}))
-	require.Equal(t, 1.0, metric("outbox_publish_errors_total", map[string]string{"kind": "permanent", "code": ops.CodeRejectedByRelay}))
+	require.Equal(t, 1.0, metric("outbox_publish_errors_total", map[string]string{"kind": "permanent", "code": monitor.CodeRejectedByRelay}))
 	require.Positive(t, metric("outbox_batches_total", nil))
 	st := r.Stats()
 	require.EqualValues(t, 4, st.Dispatched)
