@@ -33,7 +33,6 @@ var funcLenKnown = map[string]int{
 	"cli/stats.go:newStatsCmd":                         81,
 	"cli/switch.go:newSwitchToPollCmd":                 89,
 	"cli/watchdog.go:newWatchdogCmd":                   96,
-	"relay/sourcetest/env.go:(*env).writeLoad":         140,
 	"relay/sourcetest/property.go:PublishPathProperty": 168,
 	"relay/relay.go:New":                               84,
 }
