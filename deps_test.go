@@ -16,7 +16,11 @@ import (
 // the OpenTelemetry API alone: the SDK and the exporters (and the gRPC
 // stack an OTLP exporter brings) are the application's choice, linked only
 // by the CLI. go list -deps is the
-// authority on what a package links, so ask it.
+// authority on what a package links, so ask it. A program that only checks
+// or cleans an outbox (package ops: a cron job, a probe) links neither
+// Prometheus nor a Kafka client: those are the monitor's (ops/monitor) and
+// the consumer's; and a consumer's metrics (consumer/consumermetrics) link
+// nothing of the relay or of ops.
 func TestImportsPointOneWay(t *testing.T) {
 	t.Parallel()
 	goTool, err := exec.LookPath("go")
@@ -36,15 +40,21 @@ func TestImportsPointOneWay(t *testing.T) {
 		otelExp  = "go.opentelemetry.io/otel/exporters"
 		otlp     = "go.opentelemetry.io/proto/otlp"
 		grpc     = "google.golang.org/grpc"
+		ops      = mod + "/ops"
+		prom     = "github.com/prometheus"
+		franz    = "github.com/twmb/franz-go"
 	)
 	forbidden := map[string][]string{
-		".":                {relay, migrate, devkafka, kfake, otelSDK, otelExp, otlp, grpc},
-		"./consumer":       {relay, migrate, devkafka, kfake, otelSDK, otelExp, otlp, grpc},
-		"./kafka":          {mod, relay, migrate, devkafka, kfake},
-		"./relay":          {devkafka, kfake, otelSDK, otelExp, otlp, grpc},
-		"./relay/kafkapub": {devkafka, kfake, otelSDK, otelExp, otlp, grpc},
-		"./migrate":        {relay, devkafka, kfake},
-		"./ops":            {devkafka, kfake},
+		".":                          {relay, migrate, devkafka, kfake, otelSDK, otelExp, otlp, grpc},
+		"./consumer":                 {relay, migrate, devkafka, kfake, otelSDK, otelExp, otlp, grpc},
+		"./kafka":                    {mod, relay, migrate, devkafka, kfake},
+		"./relay":                    {devkafka, kfake, otelSDK, otelExp, otlp, grpc},
+		"./relay/kafkapub":           {devkafka, kfake, otelSDK, otelExp, otlp, grpc},
+		"./migrate":                  {relay, devkafka, kfake},
+		"./ops":                      {devkafka, kfake, prom, franz, otelSDK, otelExp, otlp, grpc},
+		"./ops/switchover":           {devkafka, kfake, prom, franz, otelSDK, otelExp, otlp, grpc},
+		"./ops/monitor":              {devkafka, kfake, otelSDK, otelExp, otlp, grpc},
+		"./consumer/consumermetrics": {relay, ops, migrate, devkafka, kfake, otelSDK, otelExp, otlp, grpc},
 	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}}", pkg).Output()

@@ -56,6 +56,8 @@
 // ErrInvalidPayload, ErrPayloadTooLarge, ErrInvalidTopic, ErrInvalidHeaders)
 // that says what to fix; the caller's transaction is left untouched. It
 // refuses what Postgres would refuse, which would abort the transaction,
-// and an event whose Kafka record, measured as the broker will see it, is
-// over Config.MaxRecordBytes (see Event).
+// and what the sink would refuse, as Config.Routing says: a type with no
+// destination, an event over the sink's size limit (with the default Kafka
+// routing, a record over Config.MaxRecordBytes as the broker will see it;
+// see Event).
 package outbox

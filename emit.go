@@ -17,13 +17,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/pgoutbox/outbox/internal/lockkey"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/internal/sqltext"
 )
-
-// DefaultMaxRecordBytes is Kafka's default message.max.bytes: the largest
-// record batch a broker accepts, which is what one event becomes on the
-// wire (see MaxRecordSize).
-const DefaultMaxRecordBytes = 1048588
 
 // DefaultLockBuckets bounds how many distinct advisory locks one EmitBatch
 // takes: aggregates hash into this many keys. Advisory locks live in the
@@ -35,16 +31,25 @@ const DefaultLockBuckets = 1024
 type Config struct {
 	// Tables names the outbox table. Defaults to public.events_outbox.
 	Tables Tables
+	// Routing is the sink's say on an event before it is written: its
+	// destination, and its size against the sink's limit. Emit refuses an
+	// event the sink would refuse. It must route as the relayer's sink
+	// does. Defaults to KafkaRouting{TopicPrefix, MaxRecordBytes} of the
+	// two fields below.
+	Routing Routing
 	// TopicPrefix is prepended to the topic derived from an event's type;
 	// Emit checks the result is a valid topic. It must match the relayer's.
-	// Defaults to "".
+	// It configures the default Kafka routing only: with Routing set,
+	// leave it empty. Defaults to "".
 	TopicPrefix string
 	// MaxRecordBytes is the largest Kafka record batch an event may make,
-	// as the broker will see it (MaxRecordSize): the payload as Postgres
-	// prints its JSONB, the key, the event's headers and the relayer's.
-	// Emit refuses a larger event, which the broker would refuse; set it to
-	// the topics' max.message.bytes. Defaults to DefaultMaxRecordBytes
-	// (1048588, Kafka's default message.max.bytes).
+	// as the broker will see it (KafkaRouting.Size): the payload as
+	// Postgres prints its JSONB, the key, the event's headers and the
+	// relayer's. Emit refuses a larger event, which the broker would
+	// refuse; set it to the topics' max.message.bytes. It configures the
+	// default Kafka routing only: with Routing set, leave it 0. Defaults
+	// to DefaultMaxRecordBytes (1048588, Kafka's default
+	// message.max.bytes).
 	MaxRecordBytes int
 	// Mode is how an event is written: a row (ModeInsert, read by both
 	// relay sources), a row deleted in the same transaction
@@ -85,7 +90,7 @@ type Config struct {
 	// consumer's span continues its trace. Only a ctx holding a valid span
 	// context is injected; a header the caller set is kept, and a caller
 	// that sets traceparent keeps the whole trace context its own. The
-	// injected headers count toward MaxRecordBytes. The relayer and
+	// injected headers count toward the Routing's limit. The relayer and
 	// consumers must use a propagator that reads what this one writes.
 	// Defaults to propagation.TraceContext{} (W3C Trace Context).
 	Propagator propagation.TextMapPropagator
@@ -119,22 +124,14 @@ func NewProducer(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	cfg.Tables = cfg.Tables.WithDefaults()
-	if cfg.MaxRecordBytes == 0 {
-		cfg.MaxRecordBytes = DefaultMaxRecordBytes
-	}
-	if least := MaxRecordSize("x", 1, nil); cfg.MaxRecordBytes < least {
-		return nil, fmt.Errorf("outbox: MaxRecordBytes is %d; the smallest event makes a record of %d bytes (key, the relayer's headers and Kafka's framing), so use at least that, or 0 for the default", cfg.MaxRecordBytes, least)
+	if err := cfg.routing(); err != nil {
+		return nil, err
 	}
 	if cfg.LockBuckets == 0 {
 		cfg.LockBuckets = DefaultLockBuckets
 	}
 	if cfg.LockBuckets < 0 {
 		return nil, fmt.Errorf("outbox: LockBuckets is %d; use a positive number, or 0 for the default", cfg.LockBuckets)
-	}
-	if cfg.TopicPrefix != "" {
-		if err := ValidateTopic(cfg.TopicPrefix + "x"); err != nil {
-			return nil, fmt.Errorf("outbox: TopicPrefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
-		}
 	}
 	if cfg.Mode < ModeInsert || cfg.Mode > ModeMessage {
 		return nil, fmt.Errorf("outbox: Mode is %d; use ModeInsert, ModeInsertDelete or ModeMessage", int(cfg.Mode))
@@ -173,6 +170,31 @@ func NewProducer(cfg Config) (*Producer, error) {
 		p.batchSQL[0] = sqltext.Render(messageBatchSQL, ids)
 	}
 	return p, nil
+}
+
+// routing sets cfg.Routing, to the Kafka routing of TopicPrefix and
+// MaxRecordBytes when it is nil, and validates it.
+func (cfg *Config) routing() error {
+	if cfg.Routing != nil {
+		if cfg.TopicPrefix != "" || cfg.MaxRecordBytes != 0 {
+			return fmt.Errorf("outbox: Config.Routing is set (%T), and so are TopicPrefix or MaxRecordBytes, which configure only the default Kafka routing; leave them empty and configure the routing itself (e.g. KafkaRouting{TopicPrefix: ...})", cfg.Routing)
+		}
+		if v, ok := cfg.Routing.(interface{ Validate() error }); ok {
+			if err := v.Validate(); err != nil {
+				return fmt.Errorf("outbox: Config.Routing: %w", err)
+			}
+		}
+		return nil
+	}
+	if cfg.MaxRecordBytes == 0 {
+		cfg.MaxRecordBytes = DefaultMaxRecordBytes
+	}
+	k := KafkaRouting{TopicPrefix: cfg.TopicPrefix, MaxRecordBytes: cfg.MaxRecordBytes}
+	if err := k.Validate(); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	cfg.Routing = k
+	return nil
 }
 
 // notify reports whether this Emit sends the NOTIFY: the first one after
@@ -496,9 +518,9 @@ func (p *Producer) lockKey(id uuid.UUID) int32 {
 
 // validate checks one event and returns its serialised payload and headers
 // ("" for none). It refuses, before any SQL runs, what Postgres would refuse
-// (which would abort the caller's transaction) and what the broker would:
-// a record larger than MaxRecordBytes once Postgres has normalised the
-// payload. Nothing is rewritten.
+// (which would abort the caller's transaction) and what the sink would, as
+// its Routing says: a type with no destination, an event over the limit
+// once Postgres has normalised the payload. Nothing is rewritten.
 func (p *Producer) validate(ev Event) ([]byte, string, error) {
 	if ev.Type == "" {
 		return nil, "", fmt.Errorf("%w; set Event.Type, e.g. \"order.placed\"", ErrEmptyType)
@@ -506,11 +528,10 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 	if ev.AggregateID == uuid.Nil {
 		return nil, "", fmt.Errorf("%w (type %s); set Event.AggregateID to the id of the entity the event is about", ErrNilAggregate, quoteShort(ev.Type))
 	}
-	if _, err := Topic(p.cfg.TopicPrefix, ev.Type); err != nil {
+	if _, err := p.cfg.Routing.Destination(ev.Type); err != nil {
 		return nil, "", err
 	}
-	// Topic checked the part before the first '.'; the rest is free text.
-	if why := ValidText(ev.Type); why != "" {
+	if why := pgtext.Invalid(ev.Type); why != "" {
 		return nil, "", fmt.Errorf("%w: type %s %s; Postgres text cannot store it, so use valid UTF-8 without NUL characters", ErrInvalidType, quoteShort(ev.Type), why)
 	}
 	for k, v := range ev.Headers {
@@ -520,10 +541,10 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 		case IsReservedHeader(k):
 			return nil, "", fmt.Errorf("%w (type %s): header %q is set by the relayer; use another name", ErrInvalidHeaders, quoteShort(ev.Type), k)
 		}
-		if why := ValidText(k); why != "" {
+		if why := pgtext.Invalid(k); why != "" {
 			return nil, "", fmt.Errorf("%w (type %s): header name %s %s; use valid UTF-8 without NUL characters", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
 		}
-		if why := ValidText(v); why != "" {
+		if why := pgtext.Invalid(v); why != "" {
 			return nil, "", fmt.Errorf("%w (type %s): the value of header %s %s; use valid UTF-8 without NUL characters (base64-encode binary values)", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
 		}
 	}
@@ -535,19 +556,8 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
-	size := MaxRecordSize(ev.Type, n, ev.Headers)
-	if size > p.cfg.MaxRecordBytes && multiKey {
-		// n counted every member of repeated keys; JSONB keeps one.
-		n = jsonbExactLen(payload)
-		size = MaxRecordSize(ev.Type, n, ev.Headers)
-	}
-	if size > p.cfg.MaxRecordBytes {
-		h := 0
-		for k, v := range ev.Headers {
-			h += len(k) + len(v)
-		}
-		return nil, "", fmt.Errorf("%w: type %s makes a record of %s as the broker will see it, of which the payload after Postgres' JSONB normalisation is %d bytes, the type %d and the headers %d; the limit is %s: set MaxRecordBytes and the topic's max.message.bytes higher, or shrink the event",
-			ErrPayloadTooLarge, quoteShort(ev.Type), sizeText(size), n, len(ev.Type), h, sizeText(p.cfg.MaxRecordBytes))
+	if err := p.checkSize(ev, payload, n, multiKey); err != nil {
+		return nil, "", err
 	}
 	if len(ev.Headers) == 0 {
 		return payload, "", nil
@@ -557,6 +567,35 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidHeaders, quoteShort(ev.Type), err)
 	}
 	return payload, string(hdr), nil
+}
+
+// checkSize refuses an event larger than the routing's limit; n is the
+// payload's JSONB text length, which counts every member of repeated keys
+// when multiKey.
+func (p *Producer) checkSize(ev Event, payload []byte, n int, multiKey bool) error {
+	lim := p.cfg.Routing.Limit()
+	if lim.Bytes <= 0 {
+		return nil
+	}
+	size := p.cfg.Routing.Size(ev.Type, n, ev.Headers)
+	if size > lim.Bytes && multiKey {
+		// n counted every member of repeated keys; JSONB keeps one.
+		n = jsonbExactLen(payload)
+		size = p.cfg.Routing.Size(ev.Type, n, ev.Headers)
+	}
+	if size <= lim.Bytes {
+		return nil
+	}
+	h := 0
+	for k, v := range ev.Headers {
+		h += len(k) + len(v)
+	}
+	seen := ""
+	if lim.Seen != "" {
+		seen = " " + lim.Seen
+	}
+	return fmt.Errorf("%w: type %s makes %s of %s%s, of which the payload after Postgres' JSONB normalisation is %d bytes, the type %d and the headers %d; the limit is %s: set %s higher, or shrink the event",
+		ErrPayloadTooLarge, quoteShort(ev.Type), lim.Unit, sizeText(size), seen, n, len(ev.Type), h, sizeText(lim.Bytes), lim.Raise)
 }
 
 // serialise returns the payload's JSON text. jsonbScan then checks it for

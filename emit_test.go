@@ -311,10 +311,10 @@ func TestEmitRecordSizeLimitIsExact(t *testing.T) {
 		return json.RawMessage(`{"s":"` + strings.Repeat("x", n-len(`{"s": ""}`)) + `"}`)
 	}
 	n := 0
-	for outbox.MaxRecordSize(typ, n, hdr) < limit {
+	for (outbox.KafkaRouting{}).Size(typ, n, hdr) < limit {
 		n++
 	}
-	require.Equal(t, limit, outbox.MaxRecordSize(typ, n, hdr), "no payload length makes a record of exactly the limit; pick another")
+	require.Equal(t, limit, outbox.KafkaRouting{}.Size(typ, n, hdr), "no payload length makes a record of exactly the limit; pick another")
 
 	tx, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -327,7 +327,7 @@ func TestEmitRecordSizeLimitIsExact(t *testing.T) {
 
 	_, err = p.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: typ, Payload: payload(n + 1), Headers: hdr})
 	require.ErrorIs(t, err, outbox.ErrPayloadTooLarge)
-	require.ErrorContains(t, err, fmt.Sprintf("makes a record of %d bytes (4.0 KiB) as the broker will see it", outbox.MaxRecordSize(typ, n+1, hdr)))
+	require.ErrorContains(t, err, fmt.Sprintf("makes a record of %d bytes (4.0 KiB) as the broker will see it", outbox.KafkaRouting{}.Size(typ, n+1, hdr)))
 	require.ErrorContains(t, err, "the limit is 4096 bytes (4.0 KiB)")
 	_, err = p.EmitBatch(ctx, tx, []outbox.Event{
 		{AggregateID: uuid.New(), Type: typ, Payload: payload(n), Headers: hdr},

@@ -19,12 +19,14 @@ var (
 	// UTF-8, a \u0000 escape, a UTF-16 surrogate escape without its pair,
 	// or a number beyond Postgres numeric's range.
 	ErrInvalidPayload = errors.New("outbox: invalid payload")
-	// ErrPayloadTooLarge: the event's Kafka record, as the broker will see
-	// it (MaxRecordSize of the payload after Postgres' JSONB normalisation,
-	// with the key, the event's headers and the relayer's), is over the
-	// producer's MaxRecordBytes.
+	// ErrPayloadTooLarge: the event, as the sink will see it (Routing.Size
+	// of the payload after Postgres' JSONB normalisation, with the event's
+	// headers and what the relayer adds), is over the Routing's limit: with
+	// KafkaRouting, its Kafka record is over MaxRecordBytes.
 	ErrPayloadTooLarge = errors.New("outbox: event too large")
-	// ErrInvalidTopic: the event's type routes to no valid Kafka topic name.
+	// ErrInvalidTopic: the event's type routes to no destination of the
+	// sink (Routing.Destination): with KafkaRouting, to no valid Kafka
+	// topic name.
 	ErrInvalidTopic = errors.New("outbox: event type maps to no valid topic")
 	// ErrInvalidHeaders: a header name is empty or reserved by the relayer
 	// (IsReservedHeader), or a name or value is not valid UTF-8 or holds a

@@ -199,7 +199,7 @@ func ExampleProducer_Emit_validation() {
 func ExampleProducer_Emit_recordSize() {
 	p, _ := outbox.NewProducer(outbox.Config{MaxRecordBytes: 1200})
 	zeros := "[0" + strings.Repeat(",0", 299) + "]"
-	fmt.Println(len(zeros), outbox.MaxRecordSize("order.placed", len(zeros), nil), outbox.MaxRecordSize("order.placed", 900, nil))
+	fmt.Println(len(zeros), outbox.KafkaRouting{}.Size("order.placed", len(zeros), nil), outbox.KafkaRouting{}.Size("order.placed", 900, nil))
 	_, err := p.Emit(context.Background(), nil, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: json.RawMessage(zeros)})
 	fmt.Println(errors.Is(err, outbox.ErrPayloadTooLarge))
 	// Output:
@@ -207,11 +207,12 @@ func ExampleProducer_Emit_recordSize() {
 	// true
 }
 
-// The topic is the event type up to its first '.', after an optional prefix.
-func ExampleTopic() {
-	topic, _ := outbox.Topic("prod.", "order.placed")
+// With the Kafka routing, the topic is the event type up to its first '.',
+// after an optional prefix.
+func ExampleKafkaRouting_Destination() {
+	topic, _ := outbox.KafkaRouting{TopicPrefix: "prod."}.Destination("order.placed")
 	fmt.Println(topic)
-	_, err := outbox.Topic("", "order placed")
+	_, err := outbox.KafkaRouting{}.Destination("order placed")
 	fmt.Println(errors.Is(err, outbox.ErrInvalidTopic))
 	// Output:
 	// prod.order

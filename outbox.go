@@ -9,24 +9,28 @@ import (
 	"github.com/pgoutbox/outbox/internal/pgident"
 )
 
-// Event is one event to emit. The relayer publishes it to the topic derived
-// from Type (see Topic), keyed by AggregateID, with Payload as the value.
+// Event is one event to emit. The relayer publishes it to the destination
+// the sink's Routing gives its Type (with KafkaRouting, the default, the
+// topic before the first '.'), keyed by AggregateID, with Payload as the
+// value.
 //
 // Emit refuses an event that could never be published, before any SQL runs
 // (so the caller's transaction stays usable) and with a typed error: what
-// Postgres cannot store, and a record larger than Config.MaxRecordBytes as
-// the broker will see it (ErrPayloadTooLarge). That size is MaxRecordSize:
-// the payload as Postgres prints its JSONB, which can be longer than the
-// bytes given ("[0,0]" is published as "[0, 0]", "1e3" as "1000"), plus the
-// key, Type, Headers and the headers the relayer adds. Nothing is rewritten
-// to make an event fit.
+// Postgres cannot store, and an event larger than its Routing's limit
+// (ErrPayloadTooLarge; with KafkaRouting, a record larger than
+// Config.MaxRecordBytes as the broker will see it). That size is
+// Routing.Size of the payload as Postgres prints its JSONB, which can be
+// longer than the bytes given ("[0,0]" is published as "[0, 0]", "1e3" as
+// "1000"), plus the key, Type, Headers and the headers the relayer adds.
+// Nothing is rewritten to make an event fit.
 type Event struct {
 	// AggregateID identifies the entity the event is about. Events of one
 	// aggregate reach the broker in commit order and land in one partition.
 	AggregateID uuid.UUID
-	// Type names the event, e.g. "order.placed". The part before the first
-	// '.' is the topic (ErrInvalidTopic); the rest must be valid UTF-8
-	// without NUL characters (ErrInvalidType).
+	// Type names the event, e.g. "order.placed". The Routing must give it
+	// a destination (ErrInvalidTopic; with KafkaRouting the part before the
+	// first '.' is the topic), and it must be valid UTF-8 without NUL
+	// characters (ErrInvalidType).
 	Type string
 	// Payload is the event body. []byte and json.RawMessage are taken as
 	// JSON text and validated; any other value is marshalled with

@@ -160,10 +160,10 @@ func TestEmitSizeCheckCountsTraceContext(t *testing.T) {
 	traced, tp := spanContext(t, "")
 	typ := "order.placed"
 	n := 0
-	for outbox.MaxRecordSize(typ, n, nil) < limit {
+	for (outbox.KafkaRouting{}).Size(typ, n, nil) < limit {
 		n++
 	}
-	require.Equal(t, limit, outbox.MaxRecordSize(typ, n, nil))
+	require.Equal(t, limit, outbox.KafkaRouting{}.Size(typ, n, nil))
 	ev := outbox.Event{AggregateID: uuid.New(), Type: typ, Payload: json.RawMessage(`{"s":"` + strings.Repeat("x", n-len(`{"s": ""}`)) + `"}`)}
 
 	tx, err := db.Pool.Begin(ctx)
@@ -171,7 +171,7 @@ func TestEmitSizeCheckCountsTraceContext(t *testing.T) {
 	defer tx.Rollback(ctx)
 	_, err = p.Emit(traced, tx, ev)
 	require.ErrorIs(t, err, outbox.ErrPayloadTooLarge)
-	require.ErrorContains(t, err, "makes a record of "+strconv.Itoa(outbox.MaxRecordSize(typ, n, map[string]string{"traceparent": tp}))+" bytes")
+	require.ErrorContains(t, err, "makes a record of "+strconv.Itoa(outbox.KafkaRouting{}.Size(typ, n, map[string]string{"traceparent": tp}))+" bytes")
 	_, err = p.EmitBatch(traced, tx, []outbox.Event{ev})
 	require.ErrorIs(t, err, outbox.ErrPayloadTooLarge)
 	// Nothing was sent: the transaction is still usable, and the same

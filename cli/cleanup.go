@@ -76,7 +76,7 @@ table is then where its missing events are republished from.`,
 				return err
 			}
 			if wal {
-				cfg.WALSlot = ws.Name
+				cfg.Source = ops.WAL(ws.Name)
 			}
 			res, err := ops.Cleanup(c.Context(), pool, cfg)
 			if errors.Is(err, ops.ErrCleanupRunning) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,13 +15,15 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/consumer/consumermetrics"
 	"github.com/pgoutbox/outbox/internal/clip"
-	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/internal/kafkatopic"
 )
 
 // defaultConsumeName is the group and the consumer name of `outbox consume`
@@ -97,7 +100,7 @@ group and exit 0.`,
 	f.IntVar(&o.cfg.Concurrency, "concurrency", 0, fmt.Sprintf("partitions handled at once, each in its own transactions (0: the consumer's default, %d)", consumer.DefaultConcurrency))
 	f.BoolVar(&o.asJSON, "json", false, "print each event as one JSON line instead of a line of text")
 	f.BoolVar(&o.quiet, "quiet", false, "print nothing (load tests); events are still recorded as processed")
-	f.StringVar(&o.httpAddr, "http", "", "serve /metrics and /healthz on host:port (a bare :port binds 127.0.0.1); off when empty")
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics (with the group's lag per partition), /healthz and /readyz (database and broker) on host:port (a bare :port binds 127.0.0.1); off when empty")
 	f.StringVar(&o.output, "output", "", "json: as --json; none: as --quiet")
 	_ = f.MarkDeprecated("output", "use --json or --quiet") // warned on stderr: NewRoot's warnOnStderr
 	return cmd
@@ -155,9 +158,10 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	if err != nil {
 		return err
 	}
-	err = pingKafka(ctx, cl, o.cfg.Client.Brokers)
-	cl.Close()
-	if err != nil {
+	// The client stays open for --http: the group's lag and /readyz's
+	// broker check, beside the consumer's own client.
+	defer cl.Close()
+	if err := pingKafka(ctx, cl, o.cfg.Client.Brokers); err != nil {
 		return err
 	}
 	o.cfg.Pool = pool
@@ -172,8 +176,7 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 		return err
 	}
 	if o.httpAddr != "" {
-		m := ops.NewConsumerMetrics(o.cfg.Name, cons.Stats)
-		_, stopHTTP, err := serveHTTP(o.httpAddr, m.Handler(), log, "/metrics /healthz")
+		stopHTTP, err := o.serveHTTP(cons, pool, cl, log)
 		if err != nil {
 			return err
 		}
@@ -197,6 +200,17 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	return p.err()
 }
 
+// serveHTTP serves --http: the consumer's counters, its group's lag per
+// partition (read through cl, a client of the consumer's cluster) and
+// readiness over the database and the broker.
+func (o *consumeOptions) serveHTTP(cons *consumer.Consumer, pool *pgxpool.Pool, cl *kgo.Client, log *slog.Logger) (stop func(), err error) {
+	m := consumermetrics.New(o.cfg.Name, cons.Stats)
+	m.WatchLag(o.cfg.Group, kadm.NewClient(cl))
+	h := m.Handler(consumermetrics.ReadyCheck{Name: "database", Check: pool.Ping}, consumermetrics.ReadyCheck{Name: "broker", Check: cl.Ping})
+	_, stop, err = serveHTTP(o.httpAddr, h, log, "/metrics /healthz /readyz")
+	return stop, err
+}
+
 // consumeNames fills in the group and the consumer name from each other.
 // Either one alone names both, so two runs with different names never
 // share a group (and split its partitions between them).
@@ -218,7 +232,7 @@ func parseTopics(s string) ([]string, error) {
 		if t = strings.TrimSpace(t); t == "" {
 			continue
 		}
-		if err := outbox.ValidateTopic(t); err != nil {
+		if err := kafkatopic.Validate(t); err != nil {
 			return nil, fmt.Errorf("--topics holds %s", err)
 		}
 		topics = append(topics, t)

@@ -245,7 +245,7 @@ func TestConsumePrintsEachEventOncePerName(t *testing.T) {
 	require.EqualValues(t, len(want), processedCount(t, db, "auditor"))
 
 	// --quiet prints nothing and still records the events; --http serves
-	// the consumer's counters under its name.
+	// the consumer's counters under its name, its lag and readiness.
 	quiet := consume("--name", "loadtest", "--quiet", "--http", "127.0.0.1:0")
 	require.Eventually(t, func() bool { return processedCount(t, db, "loadtest") == int64(len(want)) }, 30*time.Second, 50*time.Millisecond)
 	addr := servedAddr(t, quiet)
@@ -257,6 +257,12 @@ func TestConsumePrintsEachEventOncePerName(t *testing.T) {
 	for _, m := range []string{"records_total", "duplicates_total", "dead_letters_total", "malformed_total", "dead_letter_dropped_total", "retries_total"} {
 		require.Contains(t, metrics, "outbox_consumer_"+m+`{consumer="loadtest"} `)
 	}
+	// The group's lag per partition, read from the broker, and /readyz
+	// over the database and the broker.
+	require.Eventually(t, func() bool {
+		return strings.Contains(httpGet(t, "http://"+addr+"/metrics"), `outbox_consumer_lag{consumer="loadtest",`)
+	}, 30*time.Second, 50*time.Millisecond)
+	require.Equal(t, "database: ok\nbroker: ok\n", httpGet(t, "http://"+addr+"/readyz"))
 	require.NoError(t, quiet.stop())
 	require.Empty(t, quiet.stdout.String())
 

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"io"
 	"strings"
 	"testing"
@@ -14,11 +15,12 @@ import (
 	"github.com/pgoutbox/outbox/cli"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-type nopPublisher struct{}
+type nopPublisher struct{ fakesink.Kafka }
 
 func (nopPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))
@@ -33,7 +35,7 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/x")
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: nopPublisher{}})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: nopPublisher{}}})
 	require.NoError(t, err)
 	applied := r.Config()
 
@@ -50,11 +52,11 @@ func TestFlagDefaultsAreTheLibrarys(t *testing.T) {
 		{"relay", "max-hold-out", applied.MaxHoldOut},
 		{"relay", "shutdown-timeout", applied.ShutdownTimeout},
 		{"relay", "delivery-timeout", kafka.DefaultDeliveryTimeout},
-		{"relay", "metrics-refresh", ops.DefaultRefreshInterval},
+		{"relay", "metrics-refresh", monitor.DefaultRefreshInterval},
 		{"relay", "stuck-after", ops.DefaultStuckAfter},
 		{"relay", "max-lag", ops.DefaultMaxLag},
-		{"relay", "watchdog-interval", ops.DefaultWatchdogInterval},
-		{"relay", "cleanup-interval", ops.DefaultCleanupInterval},
+		{"relay", "watchdog-interval", monitor.DefaultWatchdogInterval},
+		{"relay", "cleanup-interval", monitor.DefaultCleanupInterval},
 		{"relay", "retention", ops.DefaultRetention},
 		{"relay", "processed-retention", ops.DefaultProcessedRetention},
 		{"relay", "cleanup-batch-size", ops.DefaultCleanupBatch},

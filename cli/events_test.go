@@ -389,9 +389,8 @@ func TestEventsVerbsWithRunningRelayers(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(client.Close)
 		r, err := relay.New(relay.Config{
-			Pool: db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables,
+			Common:       relay.Common{Pool: db.Pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t)},
 			PollInterval: 100 * time.Millisecond, HoldOut: time.Minute,
-			BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t),
 		})
 		require.NoError(t, err)
 		rctx, cancel := context.WithCancel(ctx)

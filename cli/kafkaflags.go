@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // kafkaFlags are the connection flags of every command that talks to Kafka.
@@ -95,6 +96,19 @@ func (k *kafkaFlags) optionalBrokersConfig(log *slog.Logger) (kafka.ClientConfig
 		return cfg, nil
 	}
 	return cfg, k.check(cfg, log)
+}
+
+// kafkaSink is the relay's Kafka sink: a publisher client of cfg whose
+// records wait at most deliver for the broker, and the Publisher of pcfg
+// on it. The caller closes the client.
+func kafkaSink(cfg kafka.ClientConfig, pcfg kafkapub.PublisherConfig, deliver time.Duration, log *slog.Logger) (*kafkapub.Publisher, *kgo.Client, error) {
+	cfg.Opts = append(cfg.Opts, kgo.RecordDeliveryTimeout(deliver))
+	cfg.Logger, pcfg.Logger = log, log
+	client, err := kafkapub.NewPublisherClient(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return kafkapub.NewPublisher(client, pcfg), client, nil
 }
 
 // ping checks that a broker answers, with an error that says what to do.

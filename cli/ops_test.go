@@ -79,14 +79,13 @@ func startRelay(t *testing.T, db *pgtest.DB, broker *devkafka.Broker, mod func(*
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	cfg := relay.Config{
-		Pool: db.Pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables,
-		PollInterval: 50 * time.Millisecond, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
-		Logger: testLogger(t),
+		Common:       relay.Common{Pool: db.Pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: testLogger(t)},
+		PollInterval: 50 * time.Millisecond,
 	}
 	if mod != nil {
 		mod(&cfg)
 	}
-	require.NoError(t, o.instrument(&cfg, client))
+	require.NoError(t, o.instrument(&cfg))
 	r, err := relay.New(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -408,6 +407,6 @@ func TestRelayOpsFlags(t *testing.T) {
 	fs := pflag.NewFlagSet("relay", pflag.ContinueOnError)
 	o.register(fs)
 	require.NoError(t, fs.Parse([]string{"--max-lag", "0s"}))
-	err = o.instrument(&relay.Config{Tables: outbox.Tables{}}, nil)
+	err = o.instrument(&relay.Config{Common: relay.Common{Tables: outbox.Tables{}}})
 	require.ErrorContains(t, err, "--max-lag 0s: use a positive duration")
 }

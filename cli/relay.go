@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
@@ -17,8 +17,11 @@ import (
 
 // relayOptions are the flags of `outbox relay`.
 type relayOptions struct {
-	kf      kafkaFlags
-	cfg     relay.Config
+	kf kafkaFlags
+	// common holds the flags both sources share; runRelay completes it and
+	// passes it to the source --mode names.
+	common  relay.Common
+	cfg     relay.Config // --mode poll's own flags
 	pcfg    kafkapub.PublisherConfig
 	deliver time.Duration
 	ops     relayOps // metrics, health, watchdog, cleanup: relayops.go
@@ -68,17 +71,17 @@ Replicas elect one reader; the others take over within
 	g.addDBFlags(f)
 	o.kf.register(f)
 	o.ops.register(f)
-	f.StringVar(&o.cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
-	f.IntVar(&o.cfg.BatchSize, "batch-size", relay.DefaultBatchSize, "most rows per claim (see also --max-batch-bytes)")
+	f.StringVar(&o.common.TopicPrefix, "topic-prefix", "", "prefix for every topic name (must match the producers')")
+	f.IntVar(&o.common.BatchSize, "batch-size", relay.DefaultBatchSize, "most rows per claim (see also --max-batch-bytes)")
 	durationVar(f, &o.cfg.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often an idle relayer looks for rows without a notification")
-	f.IntVar(&o.cfg.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most bytes one batch holds in memory: payload, headers and type as the relay receives and sends them (not as Postgres stores them, compressed); a single larger row goes alone")
+	f.IntVar(&o.common.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most bytes one batch holds in memory: payload, headers and type as the relay receives and sends them (not as Postgres stores them, compressed); a single larger row goes alone")
 	durationVar(f, &o.cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&o.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
 	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
 	durationVar(f, &o.cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
 	durationVar(f, &o.cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
-	durationVar(f, &o.cfg.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long the batch in flight may take to finish after SIGTERM")
+	durationVar(f, &o.common.ShutdownTimeout, "shutdown-timeout", relay.DefaultShutdownTimeout, "how long the batch in flight may take to finish after SIGTERM")
 	durationVar(f, &o.deliver, "delivery-timeout", kafka.DefaultDeliveryTimeout, "how long a batch waits for the broker before it is rolled back and retried with backoff")
 	// --max-payload-bytes was the relay's own payload limit; the publisher
 	// now learns each topic's, and the nearest meaning is an override of it.
@@ -134,12 +137,10 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	if o.pcfg.MaxMessageBytes < 0 {
 		return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", o.pcfg.MaxMessageBytes)
 	}
-	if len(o.pcfg.Source) > outbox.MaxSourceLen || outbox.ValidText(o.pcfg.Source) != "" {
+	if len(o.pcfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(o.pcfg.Source) != "" {
 		return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
 	}
-	kcfg.Opts = append(kcfg.Opts, kgo.RecordDeliveryTimeout(o.deliver))
-	kcfg.Logger, o.pcfg.Logger = log, log
-	client, err := kafkapub.NewPublisherClient(kcfg)
+	sink, client, err := kafkaSink(kcfg, o.pcfg, o.deliver, log)
 	if err != nil {
 		return err
 	}
@@ -152,14 +153,13 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	if err := pingKafka(ctx, client, kcfg.Brokers); err != nil {
 		return err
 	}
+	common := o.common
+	common.Pool, common.Sink, common.Tables, common.Logger = pool, sink, t, log
 	if o.mode == "wal" {
-		return runWALRelay(ctx, o, pool, client, kafkapub.NewPublisher(client, o.pcfg), t, log)
+		return runWALRelay(ctx, o, common)
 	}
-	o.cfg.Pool = pool
-	o.cfg.Publisher = kafkapub.NewPublisher(client, o.pcfg)
-	o.cfg.Tables = t
-	o.cfg.Logger = log
-	if err := o.ops.instrument(&o.cfg, client); err != nil {
+	o.cfg.Common = common
+	if err := o.ops.instrument(&o.cfg); err != nil {
 		return err
 	}
 	r, err := relay.New(o.cfg)
@@ -180,27 +180,25 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 }
 
 // check refuses the zeros that relay.New would silently turn into its
-// defaults: "--batch-size 0" is a mistake, not a request for 5000.
+// defaults: "--batch-size 0" is a mistake, not a request for 5000. What
+// else the sources refuse, their New says (Common.Validate).
 func (o *relayOptions) check() error {
 	for _, n := range []struct {
 		flag string
 		v    int
 	}{
-		{"--batch-size", o.cfg.BatchSize}, {"--max-batch-bytes", o.cfg.MaxBatchBytes}, {o.cleanupBatchFlag, o.ops.cfg.Cleanup.BatchSize},
+		{"--batch-size", o.common.BatchSize}, {"--max-batch-bytes", o.common.MaxBatchBytes}, {o.cleanupBatchFlag, o.ops.cfg.Cleanup.BatchSize},
 	} {
 		if n.v < 1 {
 			return fmt.Errorf("%s %d: use a positive number", n.flag, n.v)
 		}
-	}
-	if o.cfg.BatchSize > 100_000 {
-		return fmt.Errorf("--batch-size %d: use at most 100000 rows per claim", o.cfg.BatchSize)
 	}
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
 	}{
 		{"--poll-interval", o.cfg.PollInterval}, {"--hold-out", o.cfg.HoldOut},
-		{"--max-hold-out", o.cfg.MaxHoldOut}, {"--shutdown-timeout", o.cfg.ShutdownTimeout},
+		{"--max-hold-out", o.cfg.MaxHoldOut}, {"--shutdown-timeout", o.common.ShutdownTimeout},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s %s: use a positive duration", d.flag, formatDays(d.v))

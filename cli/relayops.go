@@ -12,36 +12,36 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-// relayOps is what `outbox relay` runs beside the relayer (ops.Monitor):
+// relayOps is what `outbox relay` runs beside the relayer (monitor.Monitor):
 // metrics, /healthz and /readyz over --http, the gauges' refresh, the
 // periodic watchdog, the recording of publish failures, retention cleanup.
 // relay.go calls register, instrument (before relay.New) and start.
 type relayOps struct {
 	httpAddr           string
-	cfg                ops.MonitorConfig
+	cfg                monitor.Config
 	cleanupInterval    time.Duration
 	processedRetention time.Duration
 	allowShort         bool
 
-	mon *ops.Monitor
+	mon *monitor.Monitor
 	// addr is where the HTTP server listens, once started.
 	addr net.Addr
 }
 
 func (o *relayOps) register(f *pflag.FlagSet) {
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics, /healthz and /readyz on host:port (a bare :port binds 127.0.0.1); off when empty")
-	durationVar(f, &o.cfg.RefreshInterval, "metrics-refresh", ops.DefaultRefreshInterval, "how often the pending, lag and stuck gauges are read from the database")
-	durationVar(f, &o.cfg.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck (watchdog and outbox_stuck_events)")
-	durationVar(f, &o.cfg.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: a warning and outbox_lag_slo_breached when the oldest pending row is older")
-	durationVar(f, &o.cfg.WatchdogInterval, "watchdog-interval", ops.DefaultWatchdogInterval, "how often stuck rows and the lag SLO are checked and logged")
-	durationVar(f, &o.cleanupInterval, "cleanup-interval", ops.DefaultCleanupInterval, "how often retention cleanup runs (one replica at a time); 0 disables it")
+	durationVar(f, &o.cfg.RefreshInterval, "metrics-refresh", monitor.DefaultRefreshInterval, "how often the pending, lag and stuck gauges are read from the database")
+	durationVar(f, &o.cfg.Watchdog.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck (watchdog and outbox_stuck_events)")
+	durationVar(f, &o.cfg.Watchdog.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: a warning and outbox_lag_slo_breached when the oldest pending row is older")
+	durationVar(f, &o.cfg.WatchdogInterval, "watchdog-interval", monitor.DefaultWatchdogInterval, "how often stuck rows and the lag SLO are checked and logged")
+	durationVar(f, &o.cleanupInterval, "cleanup-interval", monitor.DefaultCleanupInterval, "how often retention cleanup runs (one replica at a time); 0 disables it")
 	durationVar(f, &o.cfg.Cleanup.Retention, "retention", ops.DefaultRetention, "cleanup deletes dispatched rows older than this")
 	durationVar(f, &o.processedRetention, "processed-retention", ops.DefaultProcessedRetention, "cleanup deletes processed_events rows older than this (longer than any redelivery window); 0 leaves the table alone")
 	f.IntVar(&o.cfg.Cleanup.BatchSize, "cleanup-batch-size", ops.DefaultCleanupBatch, "rows per cleanup delete statement (as 'outbox cleanup --batch-size')")
@@ -52,8 +52,8 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 
 // instrument checks the flags, builds the monitor and adds its metrics to
 // cfg.Hooks. cfg.Pool, Tables and Logger must be set; /readyz asks
-// brokerCheck(cfg.Publisher, client).
-func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
+// cfg.Sink's Ready, when it has one.
+func (o *relayOps) instrument(cfg *relay.Config) error {
 	if err := o.check(); err != nil {
 		return err
 	}
@@ -63,10 +63,8 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	mc.DisableCleanup = o.cleanupInterval == 0
 	mc.Cleanup.ProcessedRetention = o.processedRetention
 	mc.Cleanup.SkipProcessed = o.processedRetention == 0
-	if client != nil {
-		mc.Checks = append(mc.Checks, brokerCheck(cfg.Publisher, client))
-	}
-	mon, err := ops.NewMonitor(mc)
+	mc.Checks = append(mc.Checks, brokerChecks(cfg.Sink)...)
+	mon, err := monitor.New(mc)
 	if err != nil {
 		return err
 	}
@@ -75,15 +73,15 @@ func (o *relayOps) instrument(cfg *relay.Config, client *kgo.Client) error {
 	return nil
 }
 
-// brokerCheck is /readyz's broker condition: the publisher's Ready when it
-// has one (kafkapub's fails while publishing fails, not only while the
-// broker does not answer: a broker can answer metadata requests and refuse
-// every record), else a ping of client.
-func brokerCheck(pub relay.Publisher, client *kgo.Client) ops.ReadyCheck {
-	if r, ok := pub.(interface{ Ready(context.Context) error }); ok {
-		return ops.ReadyCheck{Name: "broker", Check: r.Ready}
+// brokerChecks are /readyz's broker condition: the sink's Ready, when it
+// is a relay.Readier (kafkapub's fails while publishing fails, not only
+// while the broker does not answer: a broker can answer metadata requests
+// and refuse every record); none for a sink that cannot tell.
+func brokerChecks(sink relay.Sink) []monitor.ReadyCheck {
+	if r, ok := sink.(relay.Readier); ok {
+		return []monitor.ReadyCheck{{Name: "broker", Check: r.Ready}}
 	}
-	return ops.ReadyCheck{Name: "broker", Check: client.Ping}
+	return nil
 }
 
 // check checks the flags shared by both modes and settles --http's
@@ -100,7 +98,7 @@ func (o *relayOps) check() error {
 		flag string
 		v    time.Duration
 	}{
-		{"--metrics-refresh", o.cfg.RefreshInterval}, {"--stuck-after", o.cfg.StuckAfter}, {"--max-lag", o.cfg.MaxLag},
+		{"--metrics-refresh", o.cfg.RefreshInterval}, {"--stuck-after", o.cfg.Watchdog.StuckAfter}, {"--max-lag", o.cfg.Watchdog.MaxLag},
 		{"--watchdog-interval", o.cfg.WatchdogInterval}, {"--retention", o.cfg.Cleanup.Retention}, {"--cleanup-pause", o.cfg.Cleanup.Pause},
 	} {
 		if d.v <= 0 {
@@ -113,12 +111,12 @@ func (o *relayOps) check() error {
 	return nil
 }
 
-// startWAL is instrument and start for --mode wal: an ops.WALMonitor
-// over r serves the slot's metrics, /healthz and /readyz with --http,
+// startWAL is instrument and start for --mode wal: a monitor.Monitor of
+// the WAL source over r serves the slot's metrics, /healthz and /readyz with --http,
 // and runs the slot watchdog and WAL-mode cleanup (rows older than
 // --retention whose commit the slot has confirmed). --stuck-after and
 // --max-lag, which read pending rows, do not apply.
-func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, client *kgo.Client, wd ops.WALWatchdogConfig) (stop func(), err error) {
+func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, wd ops.WatchdogConfig) (stop func(), err error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
@@ -126,15 +124,13 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, client *kg
 	cleanup := o.cfg.Cleanup
 	cleanup.ProcessedRetention = o.processedRetention
 	cleanup.SkipProcessed = o.processedRetention == 0
-	mc := ops.WALMonitorConfig{
-		Pool: rc.Pool, Tables: rc.Tables, Slot: rc.Slot, Relayer: r, Logger: rc.Logger,
+	mc := monitor.Config{
+		Pool: rc.Pool, Tables: rc.Tables, Source: ops.WAL(rc.Slot), WALFigures: walFigures(r), Logger: rc.Logger,
 		RefreshInterval: o.cfg.RefreshInterval, WatchdogInterval: o.cfg.WatchdogInterval, Watchdog: wd,
 		CleanupInterval: o.cleanupInterval, DisableCleanup: o.cleanupInterval == 0, Cleanup: cleanup,
 	}
-	if client != nil {
-		mc.Checks = append(mc.Checks, brokerCheck(rc.Publisher, client))
-	}
-	mon, err := ops.NewWALMonitor(mc)
+	mc.Checks = append(mc.Checks, brokerChecks(rc.Sink)...)
+	mon, err := monitor.New(mc)
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +149,15 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, client *kg
 		stopHTTP()
 		wg.Wait()
 	}, nil
+}
+
+// walFigures reads the WAL relayer's counters for its monitor.
+func walFigures(r *walrelay.Relayer) func() monitor.WALFigures {
+	return func() monitor.WALFigures {
+		s := r.Stats()
+		return monitor.WALFigures{Published: s.Dispatched, Parked: s.Parked, Dropped: s.Dropped, Batches: s.Batches,
+			FailedBatches: s.FailedBatches, Heartbeats: s.Heartbeats, Leading: s.Leading, Lag: r.Lag()}
+	}
 }
 
 // start starts the periodic jobs and, with --http, the HTTP server. stop ends them; call it after the relayer stopped, so

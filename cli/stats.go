@@ -59,7 +59,7 @@ and how much WAL may still be written before it is lost.`,
 			if ws, found, err := walSlot(c.Context(), pool, t, slot); err != nil {
 				return err
 			} else if found {
-				st, err := ops.ReadWALStats(c.Context(), pool, t, ws.Name)
+				st, err := ops.ReadStats(c.Context(), pool, ops.StatsConfig{Tables: t, Source: ops.WAL(ws.Name)})
 				if err != nil {
 					return err
 				}
@@ -68,7 +68,7 @@ and how much WAL may still be written before it is lost.`,
 				}
 				return printWALStats(g, t, st)
 			}
-			s, err := ops.ReadStats(c.Context(), pool, t, stuckAfter)
+			s, err := ops.ReadStats(c.Context(), pool, ops.StatsConfig{Tables: t, StuckAfter: stuckAfter})
 			if err != nil {
 				return err
 			}

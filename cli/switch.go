@@ -12,6 +12,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/switchover"
 )
 
 func newSwitchCmd(g *globals) *cobra.Command {
@@ -95,9 +96,9 @@ the server's disk.`,
 			}
 			defer pool.Close()
 			seen := map[int64]bool{}
-			res, err := ops.PrepareSwitchToWAL(c.Context(), pool, ops.SwitchToWALConfig{
+			res, err := switchover.PrepareSwitchToWAL(c.Context(), pool, switchover.SwitchToWALConfig{
 				Tables: t, Slot: sf.slot, Publication: sf.publication, Timeout: sf.timeout,
-				Progress: func(p ops.DrainProgress) { logDrain(log, p, seen) },
+				Progress: func(p switchover.DrainProgress) { logDrain(log, p, seen) },
 			})
 			if err != nil {
 				return switchErr(err, sf.timeout)
@@ -132,13 +133,13 @@ the server's disk.`,
 			return nil
 		},
 	}
-	sf.register(cmd, ops.DefaultSwitchToWALTimeout, "how long to wait for the polling relayers to dispatch the rows up to the cut",
+	sf.register(cmd, switchover.DefaultSwitchToWALTimeout, "how long to wait for the polling relayers to dispatch the rows up to the cut",
 		"the publication of the outbox's inserts (default: the slot's default name), as given to outbox relay --mode wal")
 	return cmd
 }
 
 // logDrain logs to-wal's progress, and each held row once.
-func logDrain(log *slog.Logger, p ops.DrainProgress, seen map[int64]bool) {
+func logDrain(log *slog.Logger, p switchover.DrainProgress, seen map[int64]bool) {
 	log.Info("waiting for the polling relayers to dispatch the rows up to the cut", "cut", p.Cut, "pending", p.Pending,
 		"held_or_behind_held", p.Blocked, "elapsed", p.Elapsed.Round(time.Millisecond))
 	for _, h := range p.Held {
@@ -193,9 +194,9 @@ row for a poller to read.`,
 			if err != nil {
 				return err
 			}
-			res, err := ops.PrepareSwitchToPoll(c.Context(), pool, ops.SwitchToPollConfig{
+			res, err := switchover.PrepareSwitchToPoll(c.Context(), pool, switchover.SwitchToPollConfig{
 				Tables: t, Slot: sf.slot, Timeout: sf.timeout,
-				Progress: func(p ops.ConfirmProgress) {
+				Progress: func(p switchover.ConfirmProgress) {
 					msg := "waiting for the WAL relayer to catch up before the marking transaction"
 					if p.InTransaction {
 						msg = "waiting for the slot to confirm the cut"
@@ -236,21 +237,21 @@ row for a poller to read.`,
 			return nil
 		},
 	}
-	sf.register(cmd, ops.DefaultSwitchToPollTimeout, "how long to wait, in all, for the WAL relayer to confirm the cut",
+	sf.register(cmd, switchover.DefaultSwitchToPollTimeout, "how long to wait, in all, for the WAL relayer to confirm the cut",
 		"the WAL source's publication, when not the default, for the teardown command printed")
 	return cmd
 }
 
 // switchErr adds the flag to raise to a timeout.
 func switchErr(err error, timeout time.Duration) error {
-	if errors.Is(err, ops.ErrSwitchTimeout) {
+	if errors.Is(err, switchover.ErrSwitchTimeout) {
 		return fmt.Errorf("%w (--timeout %s)", err, formatDays(timeout))
 	}
 	return err
 }
 
 // printWALSetup says what SetupWAL created or found.
-func printWALSetup(g *globals, t outbox.Tables, s ops.WALSetup) {
+func printWALSetup(g *globals, t outbox.Tables, s switchover.WALSetup) {
 	if s.PublicationCreated {
 		fmt.Fprintf(g.stdout, "publication %s: created (FOR TABLE %s, inserts only)\n", s.Publication, t.OutboxIdent())
 	} else {

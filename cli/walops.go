@@ -29,7 +29,7 @@ func walSlot(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables, flag stri
 	return s, found, nil
 }
 
-func printWALStats(g *globals, t outbox.Tables, st ops.WALStats) error {
+func printWALStats(g *globals, t outbox.Tables, st ops.Stats) error {
 	s := st.Slot
 	w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "outbox\t%s\t(relayed from the WAL: rows are never marked dispatched)\n", t.OutboxIdent())
@@ -99,7 +99,7 @@ func walSlotJSON(s ops.WALSlot) map[string]any {
 	}
 }
 
-func walStatsJSON(t outbox.Tables, st ops.WALStats) map[string]any {
+func walStatsJSON(t outbox.Tables, st ops.Stats) map[string]any {
 	return map[string]any{
 		"outbox":             t.OutboxIdent(),
 		"mode":               "wal",
@@ -113,7 +113,7 @@ func walStatsJSON(t outbox.Tables, st ops.WALStats) map[string]any {
 	}
 }
 
-func walReportJSON(t outbox.Tables, rep ops.WALReport) map[string]any {
+func walReportJSON(t outbox.Tables, rep ops.Report) map[string]any {
 	problems := rep.Problems
 	if problems == nil {
 		problems = []string{}
@@ -123,7 +123,7 @@ func walReportJSON(t outbox.Tables, rep ops.WALReport) map[string]any {
 		"mode":                 "wal",
 		"healthy":              rep.Healthy(),
 		"slot":                 walSlotJSON(rep.Slot),
-		"slot_missing":         rep.Missing,
+		"slot_missing":         rep.SlotMissing,
 		"max_slot_lag_bytes":   rep.MaxSlotLagBytes,
 		"max_inactive_seconds": rep.MaxInactive.Seconds(),
 		"problems":             problems,

@@ -10,10 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/switchover"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -127,7 +127,7 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 		return err
 	}
 	defer pool.Close()
-	s, err := ops.SetupWAL(ctx, pool, t, o.wal.slot, o.wal.publication)
+	s, err := switchover.SetupWAL(ctx, pool, t, o.wal.slot, o.wal.publication)
 	if err != nil {
 		return err
 	}
@@ -138,7 +138,7 @@ func runWALSetupOnly(ctx context.Context, g *globals, o *relayOptions) error {
 	if s.ReaderPID != 0 {
 		return nil // the WAL source runs: rows say nothing of what is pending
 	}
-	cut, pending, err := ops.ReadWALCut(ctx, pool, t)
+	cut, pending, err := switchover.ReadWALCut(ctx, pool, t)
 	if err != nil {
 		return err
 	}
@@ -175,26 +175,23 @@ func printSecureMessages(ctx context.Context, g *globals, pool *pgxpool.Pool, t 
 	}
 }
 
-// runWALRelay runs the WAL source until ctx is cancelled.
-func runWALRelay(ctx context.Context, o *relayOptions, pool *pgxpool.Pool, client *kgo.Client, pub relay.Publisher, t outbox.Tables, log *slog.Logger) error {
-	if err := checkSchema(ctx, pool, t); err != nil {
+// runWALRelay runs the WAL source, configured with the shared flags in
+// common, until ctx is cancelled.
+func runWALRelay(ctx context.Context, o *relayOptions, common relay.Common) error {
+	if err := checkSchema(ctx, common.Pool, common.Tables); err != nil {
 		return err
 	}
 	var err error
 	cfg := o.wal.cfg
-	cfg.Pool, cfg.Publisher, cfg.Tables, cfg.Logger = pool, pub, t, log
-	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, pool, t, log); err != nil {
+	cfg.Common = common
+	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, common.Pool, common.Tables, common.Logger); err != nil {
 		return err
 	}
-	cfg.TopicPrefix = o.cfg.TopicPrefix
-	cfg.BatchSize = o.cfg.BatchSize
-	cfg.MaxBatchBytes = o.cfg.MaxBatchBytes
-	cfg.ShutdownTimeout = o.cfg.ShutdownTimeout
 	r, err := walrelay.New(cfg)
 	if err != nil {
 		return err
 	}
-	stopOps, err := o.ops.startWAL(ctx, r, client, ops.WALWatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
+	stopOps, err := o.ops.startWAL(ctx, r, ops.WatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,6 @@ import (
 func newWatchdogCmd(g *globals) *cobra.Command {
 	var (
 		cfg    ops.WatchdogConfig
-		wal    ops.WALWatchdogConfig
 		slot   string
 		asJSON bool
 	)
@@ -71,8 +70,8 @@ that stays away while the database writes).`,
 			if s, found, err := walSlot(c.Context(), pool, t, slot); err != nil {
 				return err
 			} else if found {
-				wal.Slot = s.Name
-				return runWALWatchdog(c.Context(), g, pool, t, wal, asJSON)
+				cfg.Tables, cfg.Source = t, ops.WAL(s.Name)
+				return runWALWatchdog(c.Context(), g, pool, t, cfg, asJSON)
 			}
 			cfg.Tables = t
 			rep, err := ops.Check(c.Context(), pool, cfg)
@@ -106,17 +105,17 @@ that stays away while the database writes).`,
 	f.IntVar(&cfg.Limit, "limit", ops.DefaultStuckLimit, "list at most this many stuck rows (all are counted)")
 	f.BoolVar(&asJSON, "json", false, "print JSON for scripts")
 	f.StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<database>_<table>_<hash>; when it exists, the slot is checked instead of pending rows)")
-	f.Int64Var(&wal.MaxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "WAL mode: unhealthy when the slot is further behind than this many bytes")
-	durationVar(f, &wal.MaxInactive, "max-slot-inactive", ops.DefaultStuckAfter, "WAL mode: unhealthy when the slot has had no reader for longer (PG 17+)")
+	f.Int64Var(&cfg.MaxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "WAL mode: unhealthy when the slot is further behind than this many bytes")
+	durationVar(f, &cfg.MaxInactive, "max-slot-inactive", ops.DefaultStuckAfter, "WAL mode: unhealthy when the slot has had no reader for longer (PG 17+)")
 	return cmd
 }
 
 // runWALWatchdog is the watchdog of an outbox relayed from the WAL.
-func runWALWatchdog(ctx context.Context, g *globals, db ops.Queryer, t outbox.Tables, cfg ops.WALWatchdogConfig, asJSON bool) error {
+func runWALWatchdog(ctx context.Context, g *globals, db ops.Queryer, t outbox.Tables, cfg ops.WatchdogConfig, asJSON bool) error {
 	if cfg.MaxSlotLagBytes <= 0 || cfg.MaxInactive <= 0 {
 		return fmt.Errorf("--max-slot-lag-bytes (%d) and --max-slot-inactive (%s) must be positive, e.g. 1073741824 and 5m", cfg.MaxSlotLagBytes, cfg.MaxInactive)
 	}
-	rep, err := ops.CheckWAL(ctx, db, cfg)
+	rep, err := ops.Check(ctx, db, cfg)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/kafkatopic"
 	"github.com/pgoutbox/outbox/kafka"
 )
 
@@ -192,7 +193,7 @@ func (cfg Config) deadLetters() (map[string]string, error) {
 	}
 	seen := map[string]bool{}
 	for _, t := range cfg.Topics {
-		if err := outbox.ValidateTopic(t); err != nil {
+		if err := kafkatopic.Validate(t); err != nil {
 			return nil, fmt.Errorf("consumer: Topics holds %s", err)
 		}
 		if seen[t] {
@@ -206,7 +207,7 @@ func (cfg Config) deadLetters() (map[string]string, error) {
 	dlq := map[string]string{}
 	for _, t := range cfg.Topics {
 		d := cfg.DeadLetterTopic(t)
-		if err := outbox.ValidateTopic(d); err != nil {
+		if err := kafkatopic.Validate(d); err != nil {
 			return nil, fmt.Errorf("consumer: the dead-letter topic of %q is %s", t, err)
 		}
 		if seen[d] {

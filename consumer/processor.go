@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 )
 
 // Outcome says what processing did with an event.
@@ -114,7 +115,7 @@ func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
 	if strings.TrimSpace(cfg.Name) == "" {
 		return nil, errors.New("consumer: Name is empty; name the consumer, e.g. \"loyalty\": events are deduplicated per name")
 	}
-	if why := outbox.ValidText(cfg.Name); why != "" {
+	if why := pgtext.Invalid(cfg.Name); why != "" {
 		// Else the processed table would refuse every event, and each
 		// would be dead-lettered as invalid.
 		return nil, fmt.Errorf("consumer: Name %q %s; it is stored in a text column", cfg.Name, why)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/clip"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 )
 
 // Headers the Consumer adds to a dead-lettered record, after the original
@@ -96,7 +97,7 @@ func decode(r *kgo.Record) (Event, *malformed) {
 		{outbox.HeaderEventSource, ev.Source},
 		{outbox.HeaderEventType, ev.Type},
 	} {
-		if why := outbox.ValidText(h.value); why != "" {
+		if why := pgtext.Invalid(h.value); why != "" {
 			return ev, &malformed{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, clip.Text(h.value, 64), why)}
 		}
 	}

@@ -56,8 +56,8 @@ func TestTraceFromEmitToHandler(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	r, err := relay.New(relay.Config{
-		Pool: b.db.Pool, Tables: b.db.Tables, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
-		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler), TracerProvider: tp,
+		Common:       relay.Common{Pool: b.db.Pool, Tables: b.db.Tables, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Logger: slog.New(slog.DiscardHandler), TracerProvider: tp},
+		PollInterval: 50 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	rctx, stopRelay := context.WithCancel(ctx)

@@ -112,6 +112,32 @@ func readDashboard(t *testing.T) dashboard {
 	return d
 }
 
+// relayVariableMetrics are the outbox_ metrics the dashboard's relay_job
+// template variable reads its jobs from.
+func relayVariableMetrics(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("grafana/outbox-dashboard.json")
+	require.NoError(t, err)
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Definition string `json:"definition"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	require.NoError(t, json.Unmarshal(b, &d))
+	for _, v := range d.Templating.List {
+		if v.Name == "relay_job" {
+			names := metricNames(v.Definition)
+			require.NotEmpty(t, names, "relay_job reads no outbox_ metric: %q", v.Definition)
+			return names
+		}
+	}
+	t.Fatal("the dashboard has no relay_job variable")
+	return nil
+}
+
 // dashboardExprs lists every panel's queries, keyed by panel title and
 // refId.
 func dashboardExprs(d dashboard) map[string]string {
@@ -738,6 +764,11 @@ func TestWALRelayServesRuleMetrics(t *testing.T) {
 		}
 	}
 	require.Positive(t, checked)
+	// The dashboard lists the relay's jobs from a metric a WAL relay
+	// serves too, or it is empty for one.
+	for _, n := range relayVariableMetrics(t) {
+		require.True(t, fams.serves(n), "the dashboard's relay_job variable reads %s, which the --mode wal relay does not serve", n)
+	}
 	for _, n := range []string{"outbox_events_dispatched_total", "outbox_wal_slot_lag_seconds", "outbox_wal_parked_total",
 		"outbox_wal_heartbeats_total", "outbox_wal_dropped_total", "outbox_cleanup_last_success_timestamp_seconds"} {
 		require.True(t, fams.serves(n), "the --mode wal relay does not serve %s", n)

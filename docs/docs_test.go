@@ -643,7 +643,7 @@ func TestLinksResolve(t *testing.T) {
 
 // Every alert of deploy/prometheus/alerts.yml has a runbook section in
 // docs/operations.md named after it, and its runbook annotation links
-// there.
+// there by the docs' absolute URL on GitHub.
 func TestEveryAlertHasARunbookSection(t *testing.T) {
 	t.Parallel()
 	rules, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "alerts.yml"))
@@ -666,10 +666,12 @@ func TestEveryAlertHasARunbookSection(t *testing.T) {
 		if !assertf(t, rb != nil, "alert %s has no runbook annotation", name) {
 			continue
 		}
-		if want := "docs/operations.md#" + strings.ToLower(name); rb[1] != want {
+		// An absolute URL, so that it opens from an alert notification.
+		const docs = "https://github.com/pgoutbox/outbox/blob/main/"
+		if want := docs + "docs/operations.md#" + strings.ToLower(name); rb[1] != want {
 			t.Errorf("alert %s: runbook %s, want %s", name, rb[1], want)
 		}
-		if msg := resolve("README.md", rb[1]); msg != "" { // relative to the root, as README.md's links are
+		if msg := resolve("README.md", strings.TrimPrefix(rb[1], docs)); msg != "" { // relative to the root, as README.md's links are
 			t.Errorf("alert %s: %s", name, msg)
 		}
 	}

@@ -96,7 +96,7 @@ func TestBrokerOutageOfTenSeconds(t *testing.T) {
 	outage := time.Now()
 	second := writers(t, ctx, db, 2_000, 50, 2, 20, 2*time.Second)
 	time.Sleep(time.Until(outage.Add(10 * time.Second)))
-	s, err := ops.ReadStats(ctx, db.Pool, db.Tables, 5*time.Minute)
+	s, err := ops.ReadStats(ctx, db.Pool, ops.StatsConfig{Tables: db.Tables, StuckAfter: 5 * time.Minute})
 	require.NoError(t, err)
 	require.Positive(t, s.Pending, "nothing can be dispatched while the broker is away")
 	require.Greater(t, s.OldestPendingAge, 5*time.Second, "lag shows the outage")

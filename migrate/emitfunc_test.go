@@ -117,7 +117,7 @@ func TestEmitFunctionSizeLimitIsGos(t *testing.T) {
 	db := pgtest.New(t)
 	for _, headers := range []map[string]string{nil, {"trace": "00-abc-01", "ünï": "✓"}} {
 		n := outbox.DefaultMaxRecordBytes
-		for outbox.MaxRecordSize("order.placed", n, headers) > outbox.DefaultMaxRecordBytes {
+		for (outbox.KafkaRouting{}).Size("order.placed", n, headers) > outbox.DefaultMaxRecordBytes {
 			n--
 		}
 		var hdr any

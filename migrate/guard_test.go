@@ -142,7 +142,7 @@ func TestGuardAgreesWithGosRules(t *testing.T) {
 				arg = h
 			}
 			err := plainInsert(ctx, db, typ, arg)
-			_, topicErr := outbox.Topic("", typ)
+			_, topicErr := outbox.KafkaRouting{}.Destination(typ)
 			want := topicErr == nil && goHeadersOK(h)
 			if want {
 				require.NoError(t, err, "type %.60q headers %s", typ, h)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
-	"github.com/pgoutbox/outbox/internal/lockkey"
+	"github.com/pgoutbox/outbox/internal/cleanuplock"
 )
 
 // Cleanup defaults.
@@ -57,13 +57,13 @@ type CleanupConfig struct {
 	// Pause between batches gives vacuum, replicas and the relay room.
 	// Defaults to DefaultCleanupPause.
 	Pause time.Duration
-	// WALSlot, when set, says the outbox is relayed from the WAL through
-	// this slot (`outbox relay --mode wal`), whose rows keep dispatched_at
-	// NULL: the outbox part then deletes rows older than Retention (by
-	// created_at) whatever their dispatched_at, but only those committed
-	// before a WAL position the slot has confirmed (see cleanupOutboxWAL).
-	// Defaults to "" (delete dispatched rows only).
-	WALSlot string
+	// Source relays the outbox. For the WAL source (`outbox relay --mode
+	// wal`), whose rows keep dispatched_at NULL, the outbox part deletes
+	// rows older than Retention (by created_at) whatever their
+	// dispatched_at, but only those committed before a WAL position the
+	// slot has confirmed (see cleanupOutboxWAL). Defaults to Polling
+	// (delete dispatched rows only).
+	Source Source
 	// WALConfirmWait is how long a WAL-mode cleanup waits for the slot to
 	// confirm the position it noted at its start (a running relay does so
 	// within a heartbeat); when it does not, no outbox row is deleted and
@@ -83,6 +83,13 @@ const DefaultWALConfirmWait = time.Minute
 // WALConfirmWait: the table is the only copy of events the slot may not
 // have delivered.
 var ErrSlotBehind = errors.New("ops: the replication slot has not confirmed the rows cleanup would delete")
+
+// Validate reports what Cleanup would refuse: a bad table name, a
+// negative duration, a batch size out of range.
+func (c CleanupConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
 
 func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
 	if err := c.Tables.Validate(); err != nil {
@@ -128,7 +135,7 @@ type CleanupResult struct {
 	// Failures is how many failure records of rows no longer pending were
 	// pruned.
 	Failures int64
-	// WALHorizon is, for a WAL-mode cleanup (CleanupConfig.WALSlot), the
+	// WALHorizon is, for a WAL-mode cleanup (CleanupConfig.Source), the
 	// WAL position the slot confirmed before rows were deleted: every
 	// deleted row was committed before it. Empty otherwise.
 	WALHorizon string
@@ -173,8 +180,8 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 	log := cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())
 
 	var walErr error
-	if cfg.WALSlot != "" {
-		h, err := waitWALHorizon(ctx, c, cfg.WALSlot, cfg.WALConfirmWait)
+	if cfg.Source.IsWAL() {
+		h, err := waitWALHorizon(ctx, c, cfg.Source.Slot(), cfg.WALConfirmWait)
 		switch {
 		case errors.Is(err, ErrSlotBehind):
 			walErr = err // the rest of the cleanup still runs
@@ -208,31 +215,11 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 // returns ErrCleanupRunning when another process holds it; otherwise
 // unlock releases the lock and gives the connection back.
 func lockCleanup(ctx context.Context, pool *pgxpool.Pool, t outbox.Tables) (conn *pgxpool.Conn, unlock func(), err error) {
-	conn, err = pool.Acquire(ctx)
-	if err != nil {
-		return nil, nil, fmt.Errorf("ops: cleanup: connect: %w", err)
+	conn, unlock, locked, err := cleanuplock.TryLock(ctx, pool, t)
+	if err == nil && !locked {
+		err = ErrCleanupRunning
 	}
-	ns := lockkey.Cleanup(t.Schema, t.Outbox)
-	var locked bool
-	if err := conn.QueryRow(ctx, cleanupLockSQL, ns, lockkey.CleanupID).Scan(&locked); err != nil {
-		conn.Release()
-		return nil, nil, fmt.Errorf("ops: cleanup: take the cleanup lock: %w", err)
-	}
-	if !locked {
-		conn.Release()
-		return nil, nil, ErrCleanupRunning
-	}
-	return conn, func() {
-		// A session lock outlives the borrow: release it before the
-		// connection goes back to the pool, or close the connection.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, cleanupUnlockSQL, ns, lockkey.CleanupID); err != nil {
-			_ = conn.Hijack().Close(uctx)
-			return
-		}
-		conn.Release()
-	}, nil
+	return conn, unlock, err
 }
 
 // cleanupOutbox deletes dispatched outbox rows older than cutoff in

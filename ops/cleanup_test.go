@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/opstest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/ops"
@@ -37,7 +38,7 @@ FROM generate_series(1, $1) AS i`, n, age.Microseconds(), micros(dispatched), pe
 func (b *bundle) countProcessed(t *testing.T) int64 {
 	t.Helper()
 	var n int64
-	require.NoError(t, b.db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.db.Tables.ProcessedIdent()).Scan(&n))
+	require.NoError(t, b.DB.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+b.DB.Tables.ProcessedIdent()).Scan(&n))
 	return n
 }
 
@@ -49,7 +50,7 @@ func TestCleanupDeletesOnlyOldDispatchedRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
-	b := &bundle{db: db}
+	b := &bundle{&opstest.Bundle{DB: db}}
 	day := 24 * time.Hour
 	fill(t, db, 2500, 10*day, 10*day, 100)    // 2475 old dispatched, 25 old pending
 	fill(t, db, 100, 10*day, time.Hour, 0)    // old, but dispatched within the retention
@@ -64,10 +65,10 @@ SELECT 'loyalty', '', i, now() - CASE WHEN i <= 1500 THEN interval '40 days' ELS
 		" (event_id, aggregate_id, type, error, first_failed_at, failed_at) VALUES ($1, gen_random_uuid(), 't', 'x', now(), now()), ($2, gen_random_uuid(), 't', 'x', now(), now())",
 		oldPending, dispatchedID)
 	require.NoError(t, err)
-	pendingBefore := b.count(t, "dispatched_at IS NULL")
+	pendingBefore := b.Count(t, "dispatched_at IS NULL")
 	require.Equal(t, int64(35), pendingBefore)
 
-	cfg := ops.CleanupConfig{Tables: db.Tables, BatchSize: 1000, Pause: time.Millisecond, Logger: testLogger(t)}
+	cfg := ops.CleanupConfig{Tables: db.Tables, BatchSize: 1000, Pause: time.Millisecond, Logger: opstest.Logger(t)}
 	res, err := ops.Cleanup(ctx, db.Pool, cfg)
 	require.NoError(t, err)
 	require.Equal(t, int64(2475), res.Outbox.Deleted)
@@ -80,9 +81,9 @@ SELECT 'loyalty', '', i, now() - CASE WHEN i <= 1500 THEN interval '40 days' ELS
 	require.WithinDuration(t, time.Now().Add(-ops.DefaultRetention), res.OutboxCutoff, time.Minute)
 	require.WithinDuration(t, time.Now().Add(-ops.DefaultProcessedRetention), res.ProcessedCutoff, time.Minute)
 
-	require.Equal(t, pendingBefore, b.count(t, "dispatched_at IS NULL"), "no pending row deleted")
-	require.Equal(t, int64(400), b.count(t, "dispatched_at IS NOT NULL"))
-	require.Zero(t, b.count(t, "dispatched_at < now() - interval '7 days'"))
+	require.Equal(t, pendingBefore, b.Count(t, "dispatched_at IS NULL"), "no pending row deleted")
+	require.Equal(t, int64(400), b.Count(t, "dispatched_at IS NOT NULL"))
+	require.Zero(t, b.Count(t, "dispatched_at < now() - interval '7 days'"))
 	require.Equal(t, int64(200), b.countProcessed(t))
 	var failures []int64
 	rows, err := db.Pool.Query(ctx, "SELECT event_id FROM "+migrate.FailuresIdent(db.Tables))
@@ -102,7 +103,7 @@ SELECT 'loyalty', '', i, now() - CASE WHEN i <= 1500 THEN interval '40 days' ELS
 	require.Equal(t, int64(400), res.Outbox.Deleted, "a 1m retention takes every dispatched row")
 	require.Zero(t, res.Processed.Batches)
 	require.Equal(t, int64(200), b.countProcessed(t))
-	require.Equal(t, pendingBefore, b.count(t, "dispatched_at IS NULL"))
+	require.Equal(t, pendingBefore, b.Count(t, "dispatched_at IS NULL"))
 
 	_, err = ops.Cleanup(ctx, db.Pool, ops.CleanupConfig{Tables: db.Tables, BatchSize: -1})
 	require.ErrorContains(t, err, "BatchSize is -1")
@@ -127,8 +128,8 @@ func TestCleanupRunsOneAtATime(t *testing.T) {
 	}()
 	// Wait until the slow one holds the lock (it has deleted a row), so
 	// the probe below cannot be the one that takes it.
-	b := &bundle{db: db}
-	require.Eventually(t, func() bool { return b.count(t, "true") < 50 }, 10*time.Second, 20*time.Millisecond, "the slow cleanup never started")
+	b := &bundle{&opstest.Bundle{DB: db}}
+	require.Eventually(t, func() bool { return b.Count(t, "true") < 50 }, 10*time.Second, 20*time.Millisecond, "the slow cleanup never started")
 	probeCtx, probeCancel := context.WithTimeout(ctx, 10*time.Second)
 	defer probeCancel()
 	_, err := ops.Cleanup(probeCtx, db.Pool, ops.CleanupConfig{Tables: db.Tables, BatchSize: 1, Pause: time.Hour})
@@ -152,15 +153,15 @@ func TestCleanupRunsOneAtATime(t *testing.T) {
 func TestCleanupConcurrentWithRelayUnderLoad(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cl := b.client(t)
-	r, err := relay.New(b.relayConfig(t, cl))
+	cl := b.Client(t)
+	r, err := relay.New(b.RelayConfig(t, cl))
 	require.NoError(t, err)
-	runRelayer(t, r)
+	opstest.RunRelayer(t, r)
 
 	var deleted, runs atomic.Int64
-	stopCleanup := start(t, func(ctx context.Context) {
+	stopCleanup := opstest.Start(t, func(ctx context.Context) {
 		for ctx.Err() == nil {
-			res, err := ops.Cleanup(ctx, b.db.Pool, ops.CleanupConfig{Tables: b.db.Tables, Retention: time.Millisecond,
+			res, err := ops.Cleanup(ctx, b.DB.Pool, ops.CleanupConfig{Tables: b.DB.Tables, Retention: time.Millisecond,
 				SkipProcessed: true, BatchSize: 100, Pause: time.Millisecond})
 			if err != nil && ctx.Err() == nil {
 				t.Errorf("cleanup: %v", err)
@@ -183,9 +184,9 @@ func TestCleanupConcurrentWithRelayUnderLoad(t *testing.T) {
 					agg = uuid.New()
 				}
 				var id int64
-				err := pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
+				err := pgx.BeginFunc(context.Background(), b.DB.Pool, func(tx pgx.Tx) error {
 					var err error
-					id, err = b.producer.Emit(context.Background(), tx, outbox.Event{AggregateID: agg, Type: "order.placed", Payload: map[string]int{"n": i}})
+					id, err = b.Producer.Emit(context.Background(), tx, outbox.Event{AggregateID: agg, Type: "order.placed", Payload: map[string]int{"n": i}})
 					return err
 				})
 				if err != nil {
@@ -200,7 +201,7 @@ func TestCleanupConcurrentWithRelayUnderLoad(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Stats().Dispatched >= emitters*each }, 30*time.Second, 20*time.Millisecond)
 	stopCleanup()
 
-	seen := b.consumeIDs(t, emitters*each, 30*time.Second, "order")
+	seen := b.ConsumeIDs(t, emitters*each, 30*time.Second, "order")
 	for _, batch := range ids {
 		for _, id := range batch {
 			require.Contains(t, seen, id, "event %d never reached Kafka", id)

@@ -1,9 +1,16 @@
-// Package ops keeps an outbox visible and small: the figures behind
-// `outbox stats` (ReadStats, ReadLag), the watchdog for stuck rows and the
-// lag SLO (Check), retention cleanup (Cleanup), the relay's Prometheus
-// metrics, a relay.Hook that counts by topic and error reason (Metrics),
-// and a Monitor that runs all of that beside a relayer, with /metrics,
-// /healthz and /readyz.
+// Package ops keeps an outbox visible and small, for either relay source:
+// the figures behind `outbox stats` (ReadStats, ReadLag, and the WAL
+// source's slot: ReadWALSlot, SlotName), the watchdog for stuck rows, the
+// lag SLO and the slot's health (Check), retention cleanup (Cleanup), and
+// the operator's verbs on single events (ShowEvent, Retry, Park, Unpark,
+// Replay; `outbox events`), one file each.
+//
+// A Source says which relay source moves the outbox's rows: Polling (the
+// zero value) or WAL(slot). The polling relay marks rows dispatched, so
+// the figures and the watchdog read its pending rows; the WAL source never
+// does, so they read its replication slot instead (its lag in bytes, its
+// wal_status, its reader), and cleanup deletes only what the slot has
+// confirmed.
 //
 // The smallest check, for cron or a probe:
 //
@@ -16,11 +23,9 @@
 // it; the relayer records each permanent failure in the <outbox>_failures
 // table (migration 2), where Check finds it.
 //
-// For an outbox relayed from the WAL (package relay/walrelay): the
-// slot's figures (ReadWALSlot, ReadWALStats, and WALMonitor, whose
-// metrics include the slot's lag in bytes and seconds), cleanup behind
-// the slot's confirmed position (CleanupConfig.WALSlot), and the
-// database's part of switching an outbox between the two sources without
-// losing an event (PrepareSwitchToWAL, PrepareSwitchToPoll, SetupWAL;
-// `outbox switch`).
+// The package links neither Prometheus nor a Kafka client. Beside it:
+// ops/monitor runs the metrics, /healthz, /readyz, the gauges' refresh,
+// the watchdog and cleanup inside a relay process; ops/switchover moves
+// an outbox between the polling and the WAL source without losing an
+// event; consumer/consumermetrics serves a consumer's metrics.
 package ops

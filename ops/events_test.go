@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/opstest"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/migrate"
@@ -154,7 +155,7 @@ func TestShowEvent(t *testing.T) {
 	require.Equal(t, len(`{"n": 1}`), e.PayloadBytes)
 	require.False(t, e.PayloadTruncated)
 	require.Nil(t, e.Headers)
-	require.Equal(t, outbox.RecordSize(head, "order.placed", e.PayloadBytes, nil, ""), e.RecordBytes)
+	require.Equal(t, outbox.KafkaRouting{}.RecordSize(head, "order.placed", e.PayloadBytes, nil, ""), e.RecordBytes)
 	require.Zero(t, e.BlockedBy, "the aggregate's oldest pending row waits for nothing")
 	require.NotNil(t, e.Failure)
 	require.Equal(t, "too_large", e.Failure.Reason)
@@ -173,7 +174,7 @@ func TestShowEvent(t *testing.T) {
 	require.Len(t, e.Payload, 499, "the preview stops before a character it would split")
 	require.True(t, strings.HasPrefix(long, e.Payload))
 	require.JSONEq(t, `{"trace": "t-1"}`, string(e.Headers))
-	require.Equal(t, outbox.RecordSize(behind, "order.paid", 602, map[string]string{"trace": "t-1"}, ""), e.RecordBytes)
+	require.Equal(t, outbox.KafkaRouting{}.RecordSize(behind, "order.paid", 602, map[string]string{"trace": "t-1"}, ""), e.RecordBytes)
 
 	e, err = show(behind, -1)
 	require.NoError(t, err)
@@ -201,7 +202,7 @@ func TestShowEvent(t *testing.T) {
 	require.JSONEq(t, `{"n": 1}`, string(e.Headers))
 	require.Zero(t, e.RecordBytes)
 
-	_, err = ops.Park(ctx, d.Pool, ops.ParkConfig{Tables: d.Tables, ID: head, Reason: "poison", Apply: true, Logger: testLogger(t)})
+	_, err = ops.Park(ctx, d.Pool, ops.ParkConfig{Tables: d.Tables, ID: head, Reason: "poison", Apply: true, Logger: opstest.Logger(t)})
 	require.NoError(t, err)
 	e, err = show(head, 0)
 	require.NoError(t, err)
@@ -328,7 +329,7 @@ VALUES ($1, $2, 'order.placed', 'too_large', 'x', now(), now(), now() + interval
 	require.ErrorContains(t, err, "either an event id or an aggregate id")
 	_, err = retry(ops.RetryConfig{EventID: head, AggregateID: agg})
 	require.ErrorContains(t, err, "not both")
-	_, err = ops.Park(ctx, d.Pool, ops.ParkConfig{Tables: d.Tables, ID: held2, Reason: "r", Apply: true, Logger: testLogger(t)})
+	_, err = ops.Park(ctx, d.Pool, ops.ParkConfig{Tables: d.Tables, ID: held2, Reason: "r", Apply: true, Logger: opstest.Logger(t)})
 	require.NoError(t, err)
 	_, err = retry(ops.RetryConfig{EventID: held2})
 	require.ErrorIs(t, err, ops.ErrEventParked)
@@ -471,7 +472,7 @@ func TestParkLockedRow(t *testing.T) {
 	require.Zero(t, d.count(`SELECT count(*) FROM {{parked}}`))
 
 	// The lock is free now: it parks.
-	_, err = ops.Park(ctx, d.Pool, ops.ParkConfig{Tables: d.Tables, ID: id, Reason: "r", LockTimeout: 300 * time.Millisecond, Apply: true, Logger: testLogger(t)})
+	_, err = ops.Park(ctx, d.Pool, ops.ParkConfig{Tables: d.Tables, ID: id, Reason: "r", LockTimeout: 300 * time.Millisecond, Apply: true, Logger: opstest.Logger(t)})
 	require.NoError(t, err)
 }
 
@@ -593,7 +594,7 @@ func TestReplaySkipsRowsBeingClaimed(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		res, err := ops.Replay(ctx, d.Pool, ops.ReplayConfig{Tables: d.Tables, FromID: id, ToID: id, Apply: true, Logger: testLogger(t)})
+		res, err := ops.Replay(ctx, d.Pool, ops.ReplayConfig{Tables: d.Tables, FromID: id, ToID: id, Apply: true, Logger: opstest.Logger(t)})
 		if err == nil && res.Rows != 0 {
 			err = errors.New("replayed a row being claimed")
 		}

@@ -78,8 +78,26 @@ func ReadLag(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter t
 	return l, nil
 }
 
+// StatsConfig configures ReadStats.
+type StatsConfig struct {
+	// Tables names the outbox. Defaults to public.events_outbox.
+	Tables outbox.Tables
+	// Source relays the outbox: the polling source's figures are its
+	// pending rows, the WAL source's its slot (which must exist; see
+	// ReadWALSlot). Defaults to Polling.
+	Source Source
+	// StuckAfter (polling source): rows pending longer are counted stuck.
+	// Defaults to DefaultStuckAfter (5m).
+	StuckAfter time.Duration
+}
+
 // Stats is a snapshot of one outbox table, for `outbox stats`.
 type Stats struct {
+	// Source is the configuration's: it says which of the fields below
+	// were read.
+	Source Source
+
+	// The polling source's pending rows.
 	Lag
 	// StuckAfter is the threshold Lag.Stuck was counted with.
 	StuckAfter time.Duration
@@ -89,6 +107,21 @@ type Stats struct {
 	// recent rows only). A backlog older than that drains uncounted: the
 	// relay's outbox_events_dispatched_total counter is exact.
 	DispatchedLastMinute, DispatchedLastHour int64
+
+	// The WAL source's slot, which stands for the rows that are never
+	// marked dispatched.
+	Slot WALSlot
+	// OldestRowAge (WAL source) is the age of the row with the lowest id:
+	// how far back retention cleanup has left the table. Zero when it is
+	// empty.
+	OldestRowAge time.Duration
+
+	// Table is the table's size and vacuum state, for both sources.
+	Table
+}
+
+// Table is an outbox table's size and vacuum state.
+type Table struct {
 	// TableBytes is the outbox table's size with its indexes and TOAST.
 	TableBytes int64
 	// LiveRows and DeadRows are the statistics collector's estimates. Many
@@ -106,10 +139,23 @@ const RateWindow = 70 * time.Minute
 
 // ReadStats reads the snapshot. It runs a handful of short queries, none of
 // which scans the whole table.
-func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter time.Duration) (Stats, error) {
-	s := Stats{StuckAfter: stuckAfter}
+func ReadStats(ctx context.Context, db Queryer, cfg StatsConfig) (Stats, error) {
+	if err := cfg.Tables.Validate(); err != nil {
+		return Stats{}, err
+	}
+	tables := cfg.Tables.WithDefaults()
+	if cfg.StuckAfter < 0 {
+		return Stats{}, fmt.Errorf("ops: stats StuckAfter is %s; use a positive duration, or 0 for the default", cfg.StuckAfter)
+	}
+	if cfg.StuckAfter == 0 {
+		cfg.StuckAfter = DefaultStuckAfter
+	}
+	if cfg.Source.IsWAL() {
+		return readWALStats(ctx, db, tables, cfg.Source)
+	}
+	s := Stats{Source: cfg.Source, StuckAfter: cfg.StuckAfter}
 	var err error
-	if s.Lag, err = ReadLag(ctx, db, tables, stuckAfter); err != nil {
+	if s.Lag, err = ReadLag(ctx, db, tables, cfg.StuckAfter); err != nil {
 		return s, err
 	}
 	wrap := func(what string, err error) error {
@@ -126,17 +172,8 @@ func ReadStats(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter
 	if err := db.QueryRow(ctx, render(rateSQL, tables), first, now).Scan(&s.DispatchedLastMinute, &s.DispatchedLastHour); err != nil {
 		return s, wrap("dispatch rate", err)
 	}
-	var lastVacuum, lastAuto *time.Time
-	if err := db.QueryRow(ctx, tableSQL, tables.OutboxIdent()).Scan(&s.TableBytes, &s.LiveRows, &s.DeadRows, &lastVacuum, &lastAuto); err != nil {
-		return s, wrap("table statistics", err)
-	}
-	if lastVacuum != nil {
-		s.LastVacuum = *lastVacuum
-	}
-	if lastAuto != nil {
-		s.LastAutovacuum = *lastAuto
-	}
-	return s, nil
+	s.Table, err = readTable(ctx, db, tables)
+	return s, err
 }
 
 // firstIDCreatedSince finds, by binary search over the primary key, the

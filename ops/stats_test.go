@@ -36,7 +36,7 @@ func TestReadStats(t *testing.T) {
 		stuck, doneID)
 	require.NoError(t, err)
 
-	s, err := ops.ReadStats(ctx, db.Pool, db.Tables, 5*time.Minute)
+	s, err := ops.ReadStats(ctx, db.Pool, ops.StatsConfig{Tables: db.Tables, StuckAfter: 5 * time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), s.Pending)
 	require.Equal(t, int64(1), s.Stuck)
@@ -53,7 +53,7 @@ func TestReadStats(t *testing.T) {
 	// Nothing pending: no lag.
 	_, err = db.Pool.Exec(ctx, "UPDATE "+db.Tables.OutboxIdent()+" SET dispatched_at = now() WHERE dispatched_at IS NULL")
 	require.NoError(t, err)
-	s, err = ops.ReadStats(ctx, db.Pool, db.Tables, 5*time.Minute)
+	s, err = ops.ReadStats(ctx, db.Pool, ops.StatsConfig{Tables: db.Tables, StuckAfter: 5 * time.Minute})
 	require.NoError(t, err)
 	require.Zero(t, s.Pending)
 	require.Zero(t, s.OldestPendingAge)
@@ -63,7 +63,7 @@ func TestReadStats(t *testing.T) {
 func TestReadStatsEmptyTable(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 2})
-	s, err := ops.ReadStats(context.Background(), db.Pool, db.Tables, time.Minute)
+	s, err := ops.ReadStats(context.Background(), db.Pool, ops.StatsConfig{Tables: db.Tables, StuckAfter: time.Minute})
 	require.NoError(t, err)
 	require.Zero(t, s.Pending)
 	require.Zero(t, s.DispatchedLastHour)

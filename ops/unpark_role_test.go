@@ -7,6 +7,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox/internal/opstest"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/sqltext"
@@ -37,16 +38,16 @@ func TestUnparkNeedsTheTableOwnersRole(t *testing.T) {
 	sent := db.InsertRaw(t, uuid.New(), "order.placed", "'{}'", "NULL")
 	_, err := db.Pool.Exec(ctx, "UPDATE "+ids.Outbox+" SET dispatched_at = now() WHERE id = $1", sent)
 	require.NoError(t, err)
-	rep, err := ops.Replay(ctx, operator, ops.ReplayConfig{Tables: db.Tables, FromID: sent, ToID: sent, Apply: true, Logger: testLogger(t)})
+	rep, err := ops.Replay(ctx, operator, ops.ReplayConfig{Tables: db.Tables, FromID: sent, ToID: sent, Apply: true, Logger: opstest.Logger(t)})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, rep.Rows)
 
 	// A row from before migration 6, with headers the guard's rules refuse.
 	legacy := db.InsertLegacy(t, uuid.New(), "order.placed", `'{"n": 1}'`, `'{"retries": 3}'`)
-	_, err = ops.Park(ctx, operator, ops.ParkConfig{Tables: db.Tables, ID: legacy, Reason: "poison", Apply: true, Logger: testLogger(t)})
+	_, err = ops.Park(ctx, operator, ops.ParkConfig{Tables: db.Tables, ID: legacy, Reason: "poison", Apply: true, Logger: opstest.Logger(t)})
 	require.NoError(t, err)
 
-	_, err = ops.Unpark(ctx, operator, ops.UnparkConfig{Tables: db.Tables, ID: legacy, Apply: true, Logger: testLogger(t)})
+	_, err = ops.Unpark(ctx, operator, ops.UnparkConfig{Tables: db.Tables, ID: legacy, Apply: true, Logger: opstest.Logger(t)})
 	require.ErrorContains(t, err, "only the table's owner (or a member of its role) may put a row back")
 	d, err := ops.ShowEvent(ctx, db.Pool, ops.ShowConfig{Tables: db.Tables, ID: legacy})
 	require.NoError(t, err)
@@ -54,7 +55,7 @@ func TestUnparkNeedsTheTableOwnersRole(t *testing.T) {
 
 	_, err = db.Pool.Exec(ctx, "GRANT "+pgident.Quote(owner)+" TO "+pgident.Quote(opName))
 	require.NoError(t, err)
-	res, err := ops.Unpark(ctx, operator, ops.UnparkConfig{Tables: db.Tables, ID: legacy, Apply: true, Logger: testLogger(t)})
+	res, err := ops.Unpark(ctx, operator, ops.UnparkConfig{Tables: db.Tables, ID: legacy, Apply: true, Logger: opstest.Logger(t)})
 	require.NoError(t, err)
 	require.True(t, res.Applied)
 	d, err = ops.ShowEvent(ctx, db.Pool, ops.ShowConfig{Tables: db.Tables, ID: legacy})

@@ -85,56 +85,18 @@ func ReadWALSlot(ctx context.Context, db Queryer, slot string) (s WALSlot, found
 	return s, true, nil
 }
 
-// WALWatchdogConfig configures CheckWAL.
-type WALWatchdogConfig struct {
-	// Slot is the outbox's slot. Required (see SlotName).
-	Slot string
-	// MaxSlotLagBytes: a slot further behind is unhealthy. Defaults to
-	// DefaultMaxSlotLagBytes (1 GiB).
-	MaxSlotLagBytes int64
-	// MaxInactive: a slot nobody has read for longer is unhealthy, on
-	// servers that say since when (PG 17+). Defaults to
-	// DefaultStuckAfter (5m).
-	MaxInactive time.Duration
-}
-
-// WALReport is what CheckWAL found.
-type WALReport struct {
-	Slot            WALSlot
-	MaxSlotLagBytes int64
-	MaxInactive     time.Duration
-	// Missing: no such slot in this database (dropped, or a failover to a
-	// server without it: events committed since may never be relayed).
-	Missing bool
-	// Problems says, one line each, what is unhealthy; empty when healthy.
-	Problems []string
-}
-
-// Healthy reports whether CheckWAL found no problem.
-func (r WALReport) Healthy() bool { return len(r.Problems) == 0 }
-
-// CheckWAL runs the WAL watchdog once: the slot must exist, be within
-// MaxSlotLagBytes, not be lost or unreserved, and (PG 17+) not be inactive
-// longer than MaxInactive.
-func CheckWAL(ctx context.Context, db Queryer, cfg WALWatchdogConfig) (WALReport, error) {
-	if cfg.MaxSlotLagBytes < 0 || cfg.MaxInactive < 0 {
-		return WALReport{}, fmt.Errorf("ops: WAL watchdog MaxSlotLagBytes (%d) and MaxInactive (%s) must not be negative; 0 means the default", cfg.MaxSlotLagBytes, cfg.MaxInactive)
-	}
-	if cfg.MaxSlotLagBytes == 0 {
-		cfg.MaxSlotLagBytes = DefaultMaxSlotLagBytes
-	}
-	if cfg.MaxInactive == 0 {
-		cfg.MaxInactive = DefaultStuckAfter
-	}
-	rep := WALReport{MaxSlotLagBytes: cfg.MaxSlotLagBytes, MaxInactive: cfg.MaxInactive}
-	s, found, err := ReadWALSlot(ctx, db, cfg.Slot)
+// checkWAL is Check of the WAL source, cfg with its defaults.
+func checkWAL(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) {
+	slot := cfg.Source.Slot()
+	rep := Report{Source: cfg.Source, MaxSlotLagBytes: cfg.MaxSlotLagBytes, MaxInactive: cfg.MaxInactive}
+	s, found, err := ReadWALSlot(ctx, db, slot)
 	if err != nil {
 		return rep, err
 	}
 	rep.Slot = s
 	if !found {
-		rep.Missing = true
-		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %s does not exist in this database: a WAL relay creates it at start; if one ran, the slot was dropped or lost in a failover and events committed since may be missing (republish them from the table with outbox relay --mode poll)", cfg.Slot))
+		rep.SlotMissing = true
+		rep.Problems = append(rep.Problems, fmt.Sprintf("replication slot %s does not exist in this database: a WAL relay creates it at start; if one ran, the slot was dropped or lost in a failover and events committed since may be missing (republish them from the table with outbox relay --mode poll)", slot))
 		return rep, nil
 	}
 	switch s.WALStatus {
@@ -158,27 +120,11 @@ func CheckWAL(ctx context.Context, db Queryer, cfg WALWatchdogConfig) (WALReport
 	return rep, nil
 }
 
-// WALStats is a snapshot of an outbox relayed from the WAL, for `outbox
-// stats`: the slot instead of pending rows, and the table.
-type WALStats struct {
-	Slot WALSlot
-	// OldestRowAge is the age of the row with the lowest id: how far back
-	// retention cleanup has left the table. Zero when it is empty.
-	OldestRowAge time.Duration
-	Table
-}
-
-// Table is an outbox table's size and vacuum state.
-type Table struct {
-	TableBytes                 int64
-	LiveRows, DeadRows         int64
-	LastVacuum, LastAutovacuum time.Time
-}
-
-// ReadWALStats reads the slot (which must exist; see ReadWALSlot) and the
-// table.
-func ReadWALStats(ctx context.Context, db Queryer, tables outbox.Tables, slot string) (WALStats, error) {
-	var st WALStats
+// readWALStats is ReadStats of the WAL source: the slot (which must
+// exist) and the table.
+func readWALStats(ctx context.Context, db Queryer, tables outbox.Tables, src Source) (Stats, error) {
+	st := Stats{Source: src}
+	slot := src.Slot()
 	s, found, err := ReadWALSlot(ctx, db, slot)
 	if err != nil {
 		return st, err

@@ -2,12 +2,7 @@ package ops_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"net/http/httptest"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,56 +11,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/opstest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
-	"github.com/pgoutbox/outbox/internal/tmppg"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-// The WAL-mode tests share one throwaway wal_level=logical cluster,
-// started by the first of them (the machine's server has replica).
-var (
-	logicalOnce sync.Once
-	logical     *tmppg.Cluster
-	logicalErr  error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if logical != nil {
-		_ = logical.Stop()
-	}
-	os.Exit(code)
-}
-
-// needLogical starts the shared wal_level=logical cluster once and returns
-// its URL; without one, the test (what names it) fails in CI and is
-// skipped elsewhere.
-func needLogical(t *testing.T, what string) string {
-	t.Helper()
-	logicalOnce.Do(func() {
-		if !tmppg.Available() {
-			logicalErr = errors.New("initdb and pg_ctl are not on the PATH")
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		logical, logicalErr = tmppg.Logical(ctx, 10, nil)
-	})
-	if logicalErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s need a throwaway wal_level=logical cluster, and none started: %v", what, logicalErr)
-		}
-		t.Skipf("skipped: %s need a throwaway wal_level=logical cluster (initdb/pg_ctl), and none started: %v", what, logicalErr)
-	}
-	return logical.URL()
-}
+func TestMain(m *testing.M) { opstest.Main(m) }
 
 // walSetup gives a schema on the logical cluster with the outbox's slot
 // and publication created (walrelay.Setup), as a WAL relay leaves them.
 func walSetup(t *testing.T) (*pgtest.DB, string) {
 	t.Helper()
-	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: needLogical(t, "the WAL-mode operations tests")})
+	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: opstest.NeedLogical(t, "the WAL-mode operations tests")})
 	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 	t.Cleanup(func() { _ = walrelay.Teardown(context.Background(), db.Pool, slot, slot) })
@@ -109,24 +67,24 @@ func TestWALSlotWatchdogAndStats(t *testing.T) {
 	require.False(t, s.Active, "no relay reads it")
 	require.Positive(t, s.LagBytes, "the inserts are WAL the slot has not confirmed")
 
-	rep, err := ops.CheckWAL(ctx, db.Pool, ops.WALWatchdogConfig{Slot: slot, MaxSlotLagBytes: 1})
+	rep, err := ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, Source: ops.WAL(slot), MaxSlotLagBytes: 1})
 	require.NoError(t, err)
 	require.False(t, rep.Healthy())
 	require.Contains(t, rep.Problems[0], "bytes behind")
-	rep, err = ops.CheckWAL(ctx, db.Pool, ops.WALWatchdogConfig{Slot: slot})
+	rep, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, Source: ops.WAL(slot)})
 	require.NoError(t, err)
 	if !s.InactiveSinceKnown {
 		require.True(t, rep.Healthy(), "%v: before PG 17 an inactive slot alone is not a problem (since when is unknown)", rep.Problems)
 	}
 
-	st, err := ops.ReadWALStats(ctx, db.Pool, db.Tables, slot)
+	st, err := ops.ReadStats(ctx, db.Pool, ops.StatsConfig{Tables: db.Tables, Source: ops.WAL(slot)})
 	require.NoError(t, err)
 	require.Equal(t, s.Name, st.Slot.Name)
 	require.Positive(t, st.TableBytes)
 
-	rep, err = ops.CheckWAL(ctx, db.Pool, ops.WALWatchdogConfig{Slot: "outbox_no_such_slot"})
+	rep, err = ops.Check(ctx, db.Pool, ops.WatchdogConfig{Tables: db.Tables, Source: ops.WAL("outbox_no_such_slot")})
 	require.NoError(t, err)
-	require.True(t, rep.Missing)
+	require.True(t, rep.SlotMissing)
 	require.False(t, rep.Healthy())
 	_, found, err = ops.ReadWALSlot(ctx, db.Pool, "outbox_no_such_slot")
 	require.NoError(t, err)
@@ -150,7 +108,7 @@ func TestWALCleanupDeletesOnlyConfirmed(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Tables.OutboxIdent()).Scan(&n))
 		return n
 	}
-	cfg := ops.CleanupConfig{Tables: db.Tables, Retention: 24 * time.Hour, WALSlot: slot, WALConfirmWait: 300 * time.Millisecond, SkipProcessed: true, Logger: testLogger(t)}
+	cfg := ops.CleanupConfig{Tables: db.Tables, Retention: 24 * time.Hour, Source: ops.WAL(slot), WALConfirmWait: 300 * time.Millisecond, SkipProcessed: true, Logger: opstest.Logger(t)}
 
 	// Nobody reads the slot: it never confirms; nothing is deleted.
 	res, err := ops.Cleanup(ctx, db.Pool, cfg)
@@ -176,7 +134,7 @@ func TestWALCleanupDeletesOnlyConfirmed(t *testing.T) {
 
 	// The full cleanup, with a reader confirming (here: advancing the
 	// slot while it waits), deletes the late row too, and not the young.
-	stop := start(t, func(ctx context.Context) {
+	stop := opstest.Start(t, func(ctx context.Context) {
 		for ctx.Err() == nil {
 			_, _ = db.Pool.Exec(ctx, `SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, slot)
 			time.Sleep(20 * time.Millisecond)
@@ -190,27 +148,4 @@ func TestWALCleanupDeletesOnlyConfirmed(t *testing.T) {
 	require.EqualValues(t, 1, res.Outbox.Deleted)
 	require.EqualValues(t, 1, count())
 	_ = old
-}
-
-type fakeWAL struct{ stats walrelay.Stats }
-
-func (f fakeWAL) Stats() walrelay.Stats { return f.stats }
-func (f fakeWAL) Lag() time.Duration    { return 1500 * time.Millisecond }
-
-// The WAL monitor serves the relayer's counters and the slot's state.
-func TestWALMonitorMetrics(t *testing.T) {
-	t.Parallel()
-	db, slot := walSetup(t)
-	mon, err := ops.NewWALMonitor(ops.WALMonitorConfig{Pool: db.Pool, Tables: db.Tables, Slot: slot,
-		Relayer: fakeWAL{walrelay.Stats{Published: 7, Parked: 2, Heartbeats: 3, Leading: true}}, Logger: testLogger(t)})
-	require.NoError(t, err)
-	mon.Refresh(context.Background())
-	rec := httptest.NewRecorder()
-	mon.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	body, _ := io.ReadAll(rec.Body)
-	for _, want := range []string{"outbox_events_dispatched_total 7", "outbox_wal_parked_total 2", "outbox_wal_heartbeats_total 3",
-		"outbox_wal_leader 1", "outbox_wal_slot_lag_seconds 1.5", "outbox_wal_slot_active 0",
-		`outbox_wal_slot_wal_status{status="reserved"} 1`, `outbox_wal_slot_wal_status{status="lost"} 0`, "outbox_wal_slot_lag_bytes "} {
-		require.Contains(t, string(body), want)
-	}
 }

@@ -24,6 +24,10 @@ const (
 type WatchdogConfig struct {
 	// Tables names the outbox. Defaults to public.events_outbox.
 	Tables outbox.Tables
+	// Source relays the outbox: the polling relay's pending rows are
+	// checked against StuckAfter, MaxLag and Limit, the WAL source's slot
+	// against MaxSlotLagBytes and MaxInactive. Defaults to Polling.
+	Source Source
 	// StuckAfter: rows pending longer are stuck. Defaults to
 	// DefaultStuckAfter (5m).
 	StuckAfter time.Duration
@@ -32,16 +36,32 @@ type WatchdogConfig struct {
 	// Limit caps the stuck rows listed (all are counted). Defaults to
 	// DefaultStuckLimit.
 	Limit int
+	// MaxSlotLagBytes (WAL source): a slot further behind is unhealthy.
+	// Defaults to DefaultMaxSlotLagBytes (1 GiB).
+	MaxSlotLagBytes int64
+	// MaxInactive (WAL source): a slot nobody has read for longer is
+	// unhealthy, on servers that say since when (PG 17+). Defaults to
+	// DefaultStuckAfter (5m).
+	MaxInactive time.Duration
 }
 
-func (c WatchdogConfig) withDefaults() (WatchdogConfig, error) {
+// Validate reports a bad table name or a negative threshold.
+func (c WatchdogConfig) Validate() error {
 	if err := c.Tables.Validate(); err != nil {
-		return c, err
+		return err
 	}
-	c.Tables = c.Tables.WithDefaults()
 	if c.StuckAfter < 0 || c.MaxLag < 0 || c.Limit < 0 {
-		return c, fmt.Errorf("ops: watchdog StuckAfter (%s), MaxLag (%s) and Limit (%d) must not be negative; 0 means the default", c.StuckAfter, c.MaxLag, c.Limit)
+		return fmt.Errorf("ops: watchdog StuckAfter (%s), MaxLag (%s) and Limit (%d) must not be negative; 0 means the default", c.StuckAfter, c.MaxLag, c.Limit)
 	}
+	if c.MaxSlotLagBytes < 0 || c.MaxInactive < 0 {
+		return fmt.Errorf("ops: watchdog MaxSlotLagBytes (%d) and MaxInactive (%s) must not be negative; 0 means the default", c.MaxSlotLagBytes, c.MaxInactive)
+	}
+	return nil
+}
+
+// WithDefaults returns c with each zero field set to its default.
+func (c WatchdogConfig) WithDefaults() WatchdogConfig {
+	c.Tables = c.Tables.WithDefaults()
 	if c.StuckAfter == 0 {
 		c.StuckAfter = DefaultStuckAfter
 	}
@@ -51,7 +71,13 @@ func (c WatchdogConfig) withDefaults() (WatchdogConfig, error) {
 	if c.Limit == 0 {
 		c.Limit = DefaultStuckLimit
 	}
-	return c, nil
+	if c.MaxSlotLagBytes == 0 {
+		c.MaxSlotLagBytes = DefaultMaxSlotLagBytes
+	}
+	if c.MaxInactive == 0 {
+		c.MaxInactive = DefaultStuckAfter
+	}
+	return c
 }
 
 // StuckRow is a row pending longer than the watchdog's StuckAfter, or held
@@ -81,6 +107,11 @@ type StuckRow struct {
 
 // Report is what the watchdog found.
 type Report struct {
+	// Source is the configuration's: it says which of the fields below
+	// were read.
+	Source Source
+
+	// The polling source's pending rows.
 	Lag
 	StuckAfter, MaxLag time.Duration
 	// LagBreached: the oldest pending row is older than MaxLag.
@@ -88,19 +119,45 @@ type Report struct {
 	// Stuck lists the first Limit stuck rows in id order; Lag.Stuck counts
 	// them all.
 	Stuck []StuckRow
+
+	// The WAL source's slot.
+	Slot            WALSlot
+	MaxSlotLagBytes int64
+	MaxInactive     time.Duration
+	// SlotMissing: no such slot in this database (dropped, or a failover
+	// to a server without it: events committed since may never be
+	// relayed).
+	SlotMissing bool
+	// Problems says, one line each, what is unhealthy about the slot;
+	// empty when healthy.
+	Problems []string
 }
 
-// Healthy reports whether nothing is stuck and the lag is within the SLO.
-func (r Report) Healthy() bool { return r.Lag.Stuck == 0 && !r.LagBreached }
+// Healthy reports whether the outbox is healthy: for the polling source,
+// nothing is stuck and the lag is within the SLO; for the WAL source, the
+// slot has no problem.
+func (r Report) Healthy() bool {
+	if r.Source.IsWAL() {
+		return len(r.Problems) == 0
+	}
+	return r.Lag.Stuck == 0 && !r.LagBreached
+}
 
-// Check runs the watchdog once: counts pending and stuck rows, checks the
-// lag SLO and lists stuck rows with what is known about them.
+// Check runs the watchdog once. For the polling source it counts pending
+// and stuck rows, checks the lag SLO and lists stuck rows with what is
+// known about them. For the WAL source the slot must exist, be within
+// MaxSlotLagBytes, not be lost or unreserved, and (PG 17+) not be inactive
+// longer than MaxInactive.
 func Check(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}
-	rep := Report{StuckAfter: cfg.StuckAfter, MaxLag: cfg.MaxLag}
+	cfg = cfg.WithDefaults()
+	if cfg.Source.IsWAL() {
+		return checkWAL(ctx, db, cfg)
+	}
+	rep := Report{Source: cfg.Source, StuckAfter: cfg.StuckAfter, MaxLag: cfg.MaxLag}
+	var err error
 	if rep.Lag, err = ReadLag(ctx, db, cfg.Tables, cfg.StuckAfter); err != nil {
 		return rep, err
 	}

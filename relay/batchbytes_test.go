@@ -47,11 +47,11 @@ func TestMaxBatchBytesBoundsBatches(t *testing.T) {
 			var sizes []int
 			r := b.relayer(t, func(c *relay.Config) {
 				c.MaxBatchBytes = tc.budget
-				c.OnBatch = func(res relay.BatchResult) {
+				c.Hooks = append(c.Hooks, onBatch(func(res relay.BatchResult) {
 					mu.Lock()
 					sizes = append(sizes, res.Claimed)
 					mu.Unlock()
-				}
+				}))
 			})
 			run(t, r)
 			b.waitDrained(t, 30*time.Second)

@@ -183,14 +183,13 @@ func runBatchMemoryChild(t *testing.T, jobJSON string) {
 	)
 	tables := outbox.Tables{Schema: job.Schema}.WithDefaults()
 	r, err := relay.New(relay.Config{
-		Pool: pool, Tables: tables, Publisher: pub, MaxBatchBytes: job.Budget,
+		Common: relay.Common{Pool: pool, Tables: tables, Sink: pub, MaxBatchBytes: job.Budget, Logger: slog.New(slog.DiscardHandler),
+			Hooks: []relay.Hook{onBatch(func(res relay.BatchResult) {
+				mu.Lock()
+				defer mu.Unlock()
+				most, batches = max(most, res.Claimed), batches+1
+			})}},
 		PollInterval: 50 * time.Millisecond, PollOnly: true,
-		Logger: slog.New(slog.DiscardHandler),
-		OnBatch: func(res relay.BatchResult) {
-			mu.Lock()
-			defer mu.Unlock()
-			most, batches = max(most, res.Claimed), batches+1
-		},
 	})
 	require.NoError(t, err)
 	rep := batchMemoryReport{HeapIdle: liveHeap(), RSSIdle: vmHWM(t)}

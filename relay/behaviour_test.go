@@ -51,9 +51,9 @@ func TestRelayerStopsPromptlyWhenIdle(t *testing.T) {
 }
 
 // blockingPublisher holds the first batch until released (or until its
-// context ends), then publishes it through inner.
+// context ends), then publishes it through its Sink.
 type blockingPublisher struct {
-	inner   relay.Publisher
+	relay.Sink
 	entered chan struct{}
 	release chan struct{}
 	first   atomic.Bool
@@ -76,7 +76,7 @@ func (p *blockingPublisher) Publish(ctx context.Context, msgs []relay.Message) [
 			return errs
 		}
 	}
-	return p.inner.Publish(ctx, msgs)
+	return p.Sink.Publish(ctx, msgs)
 }
 
 // Cancelled mid-batch, a relayer finishes the batch (published and marked
@@ -89,8 +89,8 @@ func TestRelayerFinishesInFlightBatchOnStop(t *testing.T) {
 	b.preload(t, events, 10, "order.placed")
 	pub := newBlockingPublisher()
 	r := b.relayer(t, func(c *relay.Config) {
-		pub.inner = c.Publisher
-		c.Publisher = pub
+		pub.Sink = c.Sink
+		c.Sink = pub
 	})
 	cancel, done := start(r)
 	defer cancel()
@@ -123,8 +123,8 @@ func TestRelayerAbandonsBatchAfterShutdownTimeout(t *testing.T) {
 	pub := newBlockingPublisher() // never released: only its context ends it
 	r := b.relayer(t, func(c *relay.Config) {
 		c.ShutdownTimeout = 200 * time.Millisecond
-		pub.inner = c.Publisher
-		c.Publisher = pub
+		pub.Sink = c.Sink
+		c.Sink = pub
 	})
 	cancel, done := start(r)
 	defer cancel()

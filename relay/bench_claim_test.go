@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -19,7 +20,7 @@ import (
 
 // ackAll is a publisher that acknowledges every message at once: with it a
 // relayer's batch is the database's work alone (claim, mark, commit).
-type ackAll struct{}
+type ackAll struct{ fakesink.Kafka }
 
 func (ackAll) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))
@@ -44,15 +45,14 @@ func benchPreload(b *testing.B, db *pgtest.DB, n int) {
 
 // benchDrain preloads b.N full batches and times one relayer draining
 // them: ns/op is one batch of 1,000 (claim, publish, mark, commit).
-func benchDrain(b *testing.B, pub func(b *testing.B) relay.Publisher, mod func(*relay.Config)) {
+func benchDrain(b *testing.B, pub func(b *testing.B) relay.Sink, mod func(*relay.Config)) {
 	const batch = 1000
 	db := pgtest.New(b, pgtest.Options{MaxConns: 4})
 	benchPreload(b, db, b.N*batch)
 	var dispatched atomic.Int64
 	cfg := relay.Config{
-		Pool: db.Pool, Publisher: pub(b), Tables: db.Tables, BatchSize: batch,
-		Logger:  slog.New(slog.DiscardHandler),
-		OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
+		Common: relay.Common{Pool: db.Pool, Sink: pub(b), Tables: db.Tables, BatchSize: batch, Logger: slog.New(slog.DiscardHandler),
+			Hooks: []relay.Hook{onBatch(func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) })}},
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -84,7 +84,7 @@ func benchDrain(b *testing.B, pub func(b *testing.B) relay.Publisher, mod func(*
 // one-statement claim-and-mark with the per-aggregate order rule, and the
 // commit, against a publisher that acknowledges at once.
 func BenchmarkClaim(b *testing.B) {
-	benchDrain(b, func(*testing.B) relay.Publisher { return ackAll{} }, nil)
+	benchDrain(b, func(*testing.B) relay.Sink { return ackAll{} }, nil)
 }
 
 // BenchmarkRelayBatch is a whole batch of 1,000 to an in-process kfake
@@ -106,7 +106,7 @@ func BenchmarkRelayBatchRemoteBroker(b *testing.B) {
 		serial bool
 	}{{"pipelined", false}, {"serial", true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			benchDrain(b, func(b *testing.B) relay.Publisher {
+			benchDrain(b, func(b *testing.B) relay.Sink {
 				return slowPublisher{inner: devBroker(b), delay: 5 * time.Millisecond}
 			}, func(c *relay.Config) { c.DisablePipelining = tc.serial })
 		})
@@ -114,7 +114,9 @@ func BenchmarkRelayBatchRemoteBroker(b *testing.B) {
 }
 
 type slowPublisher struct {
-	inner relay.Publisher
+	fakesink.Kafka
+
+	inner relay.Sink
 	delay time.Duration
 }
 
@@ -125,7 +127,7 @@ func (p slowPublisher) Publish(ctx context.Context, msgs []relay.Message) []erro
 
 // devBroker starts a kfake broker for the benchmark and returns a
 // publisher to it.
-func devBroker(b *testing.B) relay.Publisher {
+func devBroker(b *testing.B) relay.Sink {
 	broker, err := devkafka.Start(devkafka.Config{})
 	if err != nil {
 		b.Fatal(err)

@@ -2,7 +2,7 @@ package relay_test
 
 import (
 	"context"
-	"strings"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"testing"
 	"time"
 
@@ -16,45 +16,34 @@ import (
 	"github.com/pgoutbox/outbox/relay"
 )
 
-type discardPublisher struct{}
+type discardPublisher struct{ fakesink.Kafka }
 
 func (discardPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))
 }
 
-// relay.New refuses a bad configuration with an error that names the field
-// and says what to do, and fills in documented defaults otherwise.
+// relay.New refuses a bad configuration of its own fields with an error
+// that names the field and says what to do, and fills in documented
+// defaults otherwise. The shared fields' errors are TestCommonValidate's.
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	// pgxpool connects lazily: New never talks to the server.
 	pool, err := pgxpool.New(context.Background(), pgtest.URL())
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	good := func() relay.Config { return relay.Config{Pool: pool, Publisher: discardPublisher{}} }
+	good := func() relay.Config {
+		return relay.Config{Common: relay.Common{Pool: pool, Sink: discardPublisher{}}}
+	}
 
 	for _, tc := range []struct {
 		name string
 		mod  func(*relay.Config)
 		want []string
 	}{
-		{"nil pool", func(c *relay.Config) { c.Pool = nil }, []string{"Config.Pool is nil", "pgxpool.Pool"}},
-		{"nil publisher", func(c *relay.Config) { c.Publisher = nil }, []string{"Config.Publisher is nil", "kafkapub.NewPublisher"}},
 		{"negative poll interval", func(c *relay.Config) { c.PollInterval = -time.Second }, []string{"PollInterval is -1s", "positive duration", "0 for the default"}},
 		{"negative hold out", func(c *relay.Config) { c.HoldOut = -time.Minute }, []string{"HoldOut is -1m0s"}},
-		{"negative backoff min", func(c *relay.Config) { c.BackoffMin = -time.Millisecond }, []string{"BackoffMin is -1ms"}},
-		{"negative backoff max", func(c *relay.Config) { c.BackoffMax = -time.Second }, []string{"BackoffMax is -1s"}},
-		{"negative shutdown timeout", func(c *relay.Config) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout is -1s"}},
-		{"backoff max below min", func(c *relay.Config) { c.BackoffMin, c.BackoffMax = time.Second, time.Millisecond }, []string{"BackoffMax (1ms) is below BackoffMin (1s)", "raise BackoffMax"}},
-		{"negative batch size", func(c *relay.Config) { c.BatchSize = -1 }, []string{"BatchSize is -1", "1 to 100000", "0 for the default 5000"}},
-		{"huge batch size", func(c *relay.Config) { c.BatchSize = 100_001 }, []string{"BatchSize is 100001"}},
 		{"negative max hold out", func(c *relay.Config) { c.MaxHoldOut = -time.Minute }, []string{"MaxHoldOut is -1m0s"}},
 		{"max hold out below hold out", func(c *relay.Config) { c.HoldOut, c.MaxHoldOut = time.Hour, time.Minute }, []string{"MaxHoldOut (1m0s) is below HoldOut (1h0m0s)"}},
-		{"negative batch bytes", func(c *relay.Config) { c.MaxBatchBytes = -1 }, []string{"MaxBatchBytes is -1", "0 for the default 4 MiB"}},
-		{"topic prefix with a space", func(c *relay.Config) { c.TopicPrefix = "my prefix." }, []string{`topic prefix "my prefix."`, "letters, digits"}},
-		{"topic prefix with a slash", func(c *relay.Config) { c.TopicPrefix = "prod/" }, []string{`topic prefix "prod/"`}},
-		{"topic prefix too long", func(c *relay.Config) { c.TopicPrefix = strings.Repeat("p", 249) }, []string{"topic prefix", "at most 249"}},
-		{"bad table name", func(c *relay.Config) { c.Tables = outbox.Tables{Outbox: "events; DROP TABLE x"} }, []string{"not a plain identifier"}},
-		{"bad schema name", func(c *relay.Config) { c.Tables = outbox.Tables{Schema: "My-Schema"} }, []string{`schema name "My-Schema"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := good()

@@ -32,7 +32,7 @@ func pollingSource() sourcetest.Source {
 	return sourcetest.Source{
 		Name: "poll",
 		Open: func(t *testing.T) *sourcetest.DB { return sourcetest.NewDB(t, "") },
-		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Publisher, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
+		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Sink, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
 			t.Helper()
 			// A pool of its own, whose sessions (its LISTEN connection
 			// included: it copies the pool's config) Kill can find.
@@ -45,15 +45,10 @@ func pollingSource() sourcetest.Source {
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			rc := relay.Config{
-				Pool:         pool,
-				Publisher:    pub,
-				Tables:       db.Tables,
+				Common:       relay.Common{Pool: pool, Sink: pub, Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, BatchSize: cfg.BatchSize, Logger: cfg.Logger},
 				PollInterval: 50 * time.Millisecond,
-				BackoffMin:   10 * time.Millisecond,
-				BackoffMax:   200 * time.Millisecond,
-				BatchSize:    cfg.BatchSize,
-				HoldOut:      cfg.HoldOut,
-				Logger:       cfg.Logger,
+
+				HoldOut: cfg.HoldOut,
 			}
 			r, err := relay.New(rc)
 			require.NoError(t, err)

@@ -32,11 +32,11 @@ func TestBacklogDrainsInFullBatches(t *testing.T) {
 			var claims []int
 			r := b.relayer(t, func(c *relay.Config) {
 				c.BatchSize = batch
-				c.OnBatch = func(res relay.BatchResult) {
+				c.Hooks = append(c.Hooks, onBatch(func(res relay.BatchResult) {
 					mu.Lock()
 					claims = append(claims, res.Claimed)
 					mu.Unlock()
-				}
+				}))
 			})
 			start := time.Now()
 			stop := run(t, r)

@@ -50,12 +50,8 @@ func setup(t *testing.T, brokerOpts ...kfake.Opt) *bundle {
 func (b *bundle) relayer(t *testing.T, mod func(*relay.Config)) *relay.Relayer {
 	t.Helper()
 	cfg := relay.Config{
-		Pool:         b.db.Pool,
-		Publisher:    b.publisher(t),
-		Tables:       b.db.Tables,
+		Common:       relay.Common{Pool: b.db.Pool, Sink: b.publisher(t), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
 		PollInterval: 50 * time.Millisecond,
-		BackoffMin:   10 * time.Millisecond,
-		BackoffMax:   200 * time.Millisecond,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -348,3 +344,8 @@ func (b *bundle) emitSpread(t *testing.T, n, aggregates int, typ string) map[int
 	}
 	return committed
 }
+
+// onBatch makes a function a relay.BatchHook.
+type onBatch func(relay.BatchResult)
+
+func (f onBatch) OnBatch(res relay.BatchResult) { f(res) }

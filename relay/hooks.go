@@ -2,20 +2,23 @@ package relay
 
 import "fmt"
 
-// Hook observes a relayer: metrics, tracing, alerting. It is any value
+// Hook observes a source (either relayer): metrics, tracing, alerting. It is any value
 // that implements one or more of BatchHook, PublishFailureHook and
 // BatchErrorHook; New finds out which by type assertion, as franz-go's
 // kgo.Hook and pgx's tracers do, so a hook implements only what it needs
 // and new hook kinds can be added without breaking existing hooks.
 //
-// The relayer calls hooks on its own goroutine, one batch at a time, in
-// the order of Config.Hooks. Keep them fast: the next batch waits.
+// A source calls hooks (through its Observer) on one goroutine, one batch
+// at a time, in the order of Common.Hooks. Keep them fast: the next batch
+// waits.
 type Hook any
 
-// BatchHook is called after every batch that claimed rows has committed,
-// whether or not every row went through (a batch with transient failures
-// is then also reported to BatchErrorHook). BatchResult carries the
-// dispatched rows by topic and the holds the batch recorded.
+// BatchHook is called after every batch that claimed rows has committed
+// (polling) or after every publish of a batch and the parking of what it
+// refused (WAL), whether or not every event went through (a batch with
+// transient failures is then also reported to BatchErrorHook).
+// BatchResult carries the dispatched events by topic and the holds (for
+// the WAL source: the parked events) the batch recorded.
 type BatchHook interface {
 	OnBatch(BatchResult)
 }
@@ -23,8 +26,8 @@ type BatchHook interface {
 // PublishFailureHook is called once per row that failed in a batch and
 // counts as a failure in BatchResult (Permanent or Transient): the first
 // failed row of its aggregate, not the rows deferred behind it. It is
-// called before the batch commits, so also for a batch that then fails to
-// commit.
+// called before the batch commits (or its refused events are parked), so
+// also for a batch that then fails to commit.
 type PublishFailureHook interface {
 	OnPublishFailure(PublishFailure)
 }
@@ -44,26 +47,24 @@ type PublishFailure struct {
 	// Err is the row's error; IsPermanent and ReasonOf classify it.
 	Err error
 	// Refused is true when the relayer refused the row itself, before it
-	// reached the Publisher: headers it cannot decode, a type routing to no
+	// reached the Sink: headers it cannot decode, a type routing to no
 	// valid topic. Err is then permanent.
 	Refused bool
+	// Code is the sink's name for Err (Sink.ErrorCode), for metrics; ""
+	// when Refused.
+	Code string
 }
 
-// hooks are Config.Hooks (and Config.OnBatch) sorted by kind at New.
+// hooks are Common.Hooks sorted by kind.
 type hooks struct {
 	batch        []BatchHook
 	failure      []PublishFailureHook
 	batchFailure []BatchErrorHook
 }
 
-// onBatchFunc makes Config.OnBatch a BatchHook.
-type onBatchFunc func(BatchResult)
-
-func (f onBatchFunc) OnBatch(res BatchResult) { f(res) }
-
-func newHooks(cfg Config) (hooks, error) {
+func sortHooks(hs []Hook) (hooks, error) {
 	var h hooks
-	for i, hk := range cfg.Hooks {
+	for i, hk := range hs {
 		if hk == nil {
 			return hooks{}, fmt.Errorf("relay: Config.Hooks[%d] is nil; remove it", i)
 		}
@@ -81,31 +82,5 @@ func newHooks(cfg Config) (hooks, error) {
 			return hooks{}, fmt.Errorf("relay: Config.Hooks[%d] (%T) implements none of BatchHook, PublishFailureHook, BatchErrorHook; pass a value that does (for ops metrics, Monitor.Metrics())", i, hk)
 		}
 	}
-	if cfg.OnBatch != nil {
-		h.batch = append(h.batch, onBatchFunc(cfg.OnBatch))
-	}
 	return h, nil
-}
-
-func (h *hooks) onBatch(res BatchResult) {
-	for _, b := range h.batch {
-		b.OnBatch(res)
-	}
-}
-
-// onFailures reports the rows of c that settle counted as failures, by
-// index.
-func (h *hooks) onFailures(c *claimed, errs []error, failed []int) {
-	for _, i := range failed {
-		f := PublishFailure{Message: c.msgs[i], Err: errs[i], Refused: c.refused[c.msgs[i].ID]}
-		for _, hk := range h.failure {
-			hk.OnPublishFailure(f)
-		}
-	}
-}
-
-func (h *hooks) onBatchError(err error) {
-	for _, e := range h.batchFailure {
-		e.OnBatchError(err)
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"sync"
 	"testing"
 	"time"
@@ -54,7 +55,9 @@ func (h batchOnlyHook) OnBatch(relay.BatchResult) {
 
 // failingPublisher refuses one row for good and fails another once.
 type failingPublisher struct {
-	inner                relay.Publisher
+	fakesink.Kafka
+
+	inner                relay.Sink
 	permanent, transient int64
 	mu                   sync.Mutex
 	failedOnce           bool
@@ -79,7 +82,7 @@ func (p *failingPublisher) Publish(ctx context.Context, msgs []relay.Message) []
 // Hooks see every batch (with its dispatched rows by topic and its holds),
 // every failed row once with whether the relayer refused it itself, and
 // every failed batch; a hook that implements only some interfaces gets
-// only those calls, and Config.OnBatch runs after the hooks.
+// only those calls, in the order of Config.Hooks.
 func TestHooksObserveBatchesFailuresAndFailedBatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -94,13 +97,12 @@ func TestHooksObserveBatchesFailuresAndFailedBatches(t *testing.T) {
 	var calls []string
 	rec := &recordingHook{calls: &calls}
 	r := b.relayer(t, func(c *relay.Config) {
-		c.Publisher = &failingPublisher{inner: c.Publisher, permanent: permanent, transient: transient}
-		c.Hooks = []relay.Hook{rec, batchOnlyHook{rec}}
-		c.OnBatch = func(relay.BatchResult) {
+		c.Sink = &failingPublisher{inner: c.Sink, permanent: permanent, transient: transient}
+		c.Hooks = []relay.Hook{rec, batchOnlyHook{rec}, onBatch(func(relay.BatchResult) {
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
-			calls = append(calls, "Config.OnBatch")
-		}
+			calls = append(calls, "onBatch")
+		})}
 	})
 	run(t, r)
 
@@ -156,7 +158,7 @@ func TestHooksObserveBatchesFailuresAndFailedBatches(t *testing.T) {
 	// Every batch reached the three batch observers, in Config order.
 	require.Len(t, calls, 3*len(rec.batches))
 	for i := 0; i < len(calls); i += 3 {
-		require.Equal(t, []string{"recording.OnBatch", "batchOnly.OnBatch", "Config.OnBatch"}, calls[i:i+3], fmt.Sprint(calls))
+		require.Equal(t, []string{"recording.OnBatch", "batchOnly.OnBatch", "onBatch"}, calls[i:i+3], fmt.Sprint(calls))
 	}
 }
 
@@ -172,7 +174,7 @@ func TestNewRefusesHooksThatObserveNothing(t *testing.T) {
 		{nil, "Config.Hooks[0] is nil"},
 		{struct{}{}, "Config.Hooks[0] (struct {}) implements none of BatchHook, PublishFailureHook, BatchErrorHook"},
 	} {
-		_, err := relay.New(relay.Config{Pool: b.db.Pool, Publisher: b.publisher(t), Hooks: []relay.Hook{tc.hook}})
+		_, err := relay.New(relay.Config{Common: relay.Common{Pool: b.db.Pool, Sink: b.publisher(t), Hooks: []relay.Hook{tc.hook}}})
 		require.ErrorContains(t, err, tc.err)
 	}
 }

@@ -10,11 +10,9 @@ import (
 
 func testPacer() *pacer {
 	return newPacer(Config{
-		BatchSize:        5000,
+		Common:           Common{BatchSize: 5000, BackoffMin: 100 * time.Millisecond, BackoffMax: time.Second},
 		PollInterval:     time.Second,
 		BusyPollInterval: 2 * time.Millisecond,
-		BackoffMin:       100 * time.Millisecond,
-		BackoffMax:       time.Second,
 	})
 }
 
@@ -137,7 +135,7 @@ func TestPacerCountsFailuresInARow(t *testing.T) {
 // polls; and a batch size under the probe size caps the probe.
 func TestPacerBusyPollingOffAndSmallBatches(t *testing.T) {
 	t.Parallel()
-	p := newPacer(Config{BatchSize: 20, PollInterval: 50 * time.Millisecond, BusyPollInterval: -1, BackoffMin: time.Millisecond, BackoffMax: time.Millisecond})
+	p := newPacer(Config{Common: Common{BatchSize: 20, BackoffMin: time.Millisecond, BackoffMax: time.Millisecond}, PollInterval: 50 * time.Millisecond, BusyPollInterval: -1})
 	act, wait := p.afterBatch(resFound, false, false)
 	require.Equal(t, pollLater, act)
 	require.Equal(t, 50*time.Millisecond, wait)

@@ -20,7 +20,7 @@ import (
 // the next batch beside it (a second claim statement completed),
 // then fails one row of it; it logs the ids of every Publish call.
 type stallingPublisher struct {
-	inner   relay.Publisher
+	relay.Sink
 	claimed func() bool // the next batch is claimed
 	failAt  int         // index of the row the first call fails
 	fail    error       // with this error
@@ -48,7 +48,7 @@ func (p *stallingPublisher) Publish(ctx context.Context, msgs []relay.Message) [
 		p.saw2 = p.claimed()
 		p.mu.Unlock()
 	}
-	errs := p.inner.Publish(ctx, msgs)
+	errs := p.Sink.Publish(ctx, msgs)
 	if first {
 		errs[p.failAt] = p.fail
 	}
@@ -104,8 +104,8 @@ func TestPipelinedBatchIsDroppedWhenThePreviousOneFails(t *testing.T) {
 				c.Pool = pool
 				c.BatchSize = batch
 				c.HoldOut = 100 * time.Millisecond
-				pub.inner = c.Publisher
-				c.Publisher = pub
+				pub.Sink = c.Sink
+				c.Sink = pub
 			})
 			run(t, r)
 			b.waitDrained(t, 30*time.Second)
@@ -144,21 +144,21 @@ func TestDisablePipeliningKeepsOneTransaction(t *testing.T) {
 		c.Pool = pool
 		c.BatchSize = batch
 		c.DisablePipelining = true
-		c.OnBatch = func(relay.BatchResult) {
+		c.Hooks = append(c.Hooks, onBatch(func(relay.BatchResult) {
 			var n int
 			require.NoError(t, b.db.Pool.QueryRow(context.Background(),
 				"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND xact_start IS NOT NULL", app).Scan(&n))
 			mu.Lock()
 			most = max(most, n)
 			mu.Unlock()
-		}
+		}))
 	})
 	run(t, r)
 	b.waitDrained(t, 30*time.Second)
 	checkOrder(t, b.consume(t, events, 30*time.Second, "order"))
 	mu.Lock()
 	defer mu.Unlock()
-	// OnBatch runs after the commit: with pipelining the next batch's
+	// A BatchHook runs after the commit: with pipelining the next batch's
 	// transaction would be open by then.
 	require.Zero(t, most, "a relayer with pipelining off had a transaction open after its batch committed")
 }

@@ -78,7 +78,7 @@ func TestFailureRecordedAgainstTheAggregatesFirstRow(t *testing.T) {
 		otherIDs = append(otherIDs, b.db.InsertRaw(t, other, "payment.captured", fmt.Sprintf(`jsonb_build_object('blob', '%s'::text)`, randomText(150_000)), "NULL"))
 	}
 	run(t, b.relayer(t, nil))
-	run(t, b.relayer(t, func(c *relay.Config) { c.Publisher = pub }))
+	run(t, b.relayer(t, func(c *relay.Config) { c.Sink = pub }))
 	require.Eventually(t, func() bool { return len(b.holds(t)) == 2 }, 20*time.Second, 20*time.Millisecond)
 	holds := b.holds(t)
 	require.Equal(t, []int64{ids[0], otherIDs[0]}, []int64{holds[0].EventID, holds[1].EventID}, "each aggregate's first row takes the failure")
@@ -102,7 +102,7 @@ func TestFailureRecordedAgainstTheAggregatesFirstRow(t *testing.T) {
 		require.Equal(t, head, s.BlockedBy)
 		require.Empty(t, s.LastError, "a row behind the failed one has no failure of its own")
 	}
-	s, err := ops.ReadStats(context.Background(), b.db.Pool, b.db.Tables, ops.DefaultStuckAfter)
+	s, err := ops.ReadStats(context.Background(), b.db.Pool, ops.StatsConfig{Tables: b.db.Tables})
 	require.NoError(t, err)
 	require.Equal(t, rep.Held, s.Held, "stats and watchdog agree")
 	require.Equal(t, rep.Lag.Stuck, s.Stuck)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/pgoutbox/outbox"
 )
 
 // Message is one outbox row on its way to the broker.
@@ -14,7 +16,8 @@ type Message struct {
 	ID          int64
 	AggregateID uuid.UUID
 	Type        string
-	// Topic is derived from Type by the relayer.
+	// Topic is the sink's destination for the message, derived from Type
+	// by the relayer with the sink's Routing.
 	Topic string
 	// Payload is the row's JSON payload, published unchanged.
 	Payload []byte
@@ -25,18 +28,42 @@ type Message struct {
 	CreatedAt time.Time
 }
 
-// Publisher delivers a batch to a broker. Publish returns one error per
-// message, in order: nil when the broker acknowledged the message, an error
-// wrapped with Permanent (or PermanentReason) when the broker will never
-// accept that message (too large, invalid topic, not authorised), any other
-// error when a retry may succeed. The broker must keep the order of
-// messages with the same AggregateID, and a message after a failed one of
-// its aggregate must not be acknowledged ahead of it: Publish either leaves
-// it unsent (any error) or sends it after the failed one. A permanent error
-// must belong to the message that caused it, never to messages that merely
-// shared a request with it.
-type Publisher interface {
+// Sink delivers batches to a broker (or any destination: a queue, a
+// stream, a webhook), and owns what is the broker's: where an event type
+// goes, what a destination may be called, and what its errors mean.
+//
+// Publish returns one error per message, in order: nil when the broker
+// acknowledged the message, an error wrapped with Permanent (or
+// PermanentReason) when the broker will never accept that message (too
+// large, invalid destination, not authorised), any other error when a
+// retry may succeed. The broker must keep the order of messages with the
+// same AggregateID, and a message after a failed one of its aggregate must
+// not be acknowledged ahead of it: Publish either leaves it unsent (any
+// error) or sends it after the failed one. A permanent error must belong
+// to the message that caused it, never to messages that merely shared a
+// request with it.
+//
+// Routing returns the sink's routing for a source's TopicPrefix, or an
+// error saying why the prefix cannot start a destination name; the
+// sources call it once, in New, and fill each Message.Topic from its
+// Destination. Producers must route alike (outbox.Config.Routing).
+//
+// ErrorCode names an error Publish returned, for the code label of
+// metrics (ops.Metrics): short, stable, from a small set (a label's values
+// must be bounded), e.g. the broker's error name or "timeout".
+//
+// A sink may also implement MessagingSystem (for spans) and Readier (for
+// a readiness check).
+type Sink interface {
 	Publish(ctx context.Context, msgs []Message) []error
+	Routing(topicPrefix string) (outbox.Routing, error)
+	ErrorCode(err error) string
+}
+
+// Readier is implemented by a Sink that can tell whether it can deliver
+// now, beyond its broker answering: `outbox relay`'s /readyz asks it.
+type Readier interface {
+	Ready(ctx context.Context) error
 }
 
 // Reasons a row is held: short, stable codes for metrics, alerts and the
@@ -44,7 +71,8 @@ type Publisher interface {
 const (
 	// ReasonTooLarge: the record is larger than the topic accepts.
 	ReasonTooLarge = "too_large"
-	// ReasonInvalidTopic: the type routes to no valid or existing topic.
+	// ReasonInvalidTopic: the type routes to no valid or existing topic
+	// (the sink's destination).
 	ReasonInvalidTopic = "invalid_topic"
 	// ReasonUndecodable: the row's headers are not a JSON object of
 	// strings (written by hand, not by Emit).

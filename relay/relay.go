@@ -7,7 +7,7 @@
 //
 //	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
 //	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub})
+//	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: pub}})
 //	err = r.Run(ctx) // until ctx is cancelled
 package relay
 
@@ -26,10 +26,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -38,47 +34,20 @@ import (
 	"github.com/pgoutbox/outbox/migrate"
 )
 
-// Defaults of Config, applied by New and used by `outbox relay`'s flags.
+// Defaults of Config's polling fields, applied by New and used by `outbox
+// relay`'s flags; those of the shared fields are Common's.
 const (
-	DefaultBatchSize        = 5000
-	DefaultMaxBatchBytes    = 4 << 20
 	DefaultPollInterval     = time.Second
 	DefaultBusyPollInterval = 2 * time.Millisecond
 	DefaultHoldOut          = time.Minute
 	DefaultMaxHoldOut       = 30 * time.Minute
-	DefaultBackoffMin       = 100 * time.Millisecond
-	DefaultBackoffMax       = 30 * time.Second
-	DefaultShutdownTimeout  = 30 * time.Second
 )
 
-// Config configures a Relayer. Pool and Publisher are required.
+// Config configures a Relayer: the fields every source shares (Common;
+// Pool and Publisher are required) and the polling relay's own.
 type Config struct {
-	// Pool connects to the database holding the outbox. Required.
-	Pool *pgxpool.Pool
-	// Publisher delivers batches to the broker. Required.
-	Publisher Publisher
-	// Tables names the outbox table. Defaults to public.events_outbox.
-	Tables outbox.Tables
-	// TopicPrefix is prepended to the topic derived from each event type.
-	// It must match the producers'. Defaults to "".
-	TopicPrefix string
-	// BatchSize is the most rows one claim takes. Larger batches spread
-	// each claim's fixed costs (the walks over the pending index, the
-	// commit's flush, the broker round trip) over more rows: one relayer
-	// drained 92k events/s with 5,000 against 67k with 1,000
-	// (BENCHMARKS.md); MaxBatchBytes keeps large payloads from multiplying
-	// the memory this takes. Defaults to DefaultBatchSize (5000).
-	BatchSize int
-	// MaxBatchBytes bounds the bytes of one batch, which the relayer holds
-	// in memory (twice, with pipelining), so large payloads cannot
-	// multiply its footprint: a claim stops before the row that would cross
-	// it (a single larger row still goes alone). A row counts as the relayer
-	// receives and publishes it: its payload and headers as JSON text and
-	// its type, not the smaller size Postgres stores after compressing
-	// large values. The database driver and the publisher's client buffer
-	// on top of that (pgx reads a row into a buffer rounded up to a power
-	// of two). Defaults to DefaultMaxBatchBytes (4 MiB).
-	MaxBatchBytes int
+	Common
+
 	// PollInterval is how long an idle relayer waits for new rows when no
 	// notification arrives. Defaults to DefaultPollInterval (1s).
 	PollInterval time.Duration
@@ -107,14 +76,6 @@ type Config struct {
 	// MaxHoldOut caps the doubling of HoldOut. Defaults to
 	// DefaultMaxHoldOut (30m).
 	MaxHoldOut time.Duration
-	// BackoffMin and BackoffMax bound the exponential backoff (with jitter)
-	// after a failed batch: broker or database unreachable. Default to
-	// DefaultBackoffMin (100ms) and DefaultBackoffMax (30s).
-	BackoffMin, BackoffMax time.Duration
-	// ShutdownTimeout bounds how long Run lets the in-flight batch finish
-	// after its context is cancelled; past it the batch is abandoned and
-	// rolled back. Defaults to DefaultShutdownTimeout (30s).
-	ShutdownTimeout time.Duration
 	// DisablePipelining makes the relayer claim its next batch only after
 	// the previous one committed. By default, while a full batch is being
 	// published, the next one is claimed on a second connection (so Pool
@@ -122,36 +83,13 @@ type Config struct {
 	// and committed in full; otherwise it is rolled back unpublished.
 	// Defaults to false.
 	DisablePipelining bool
-	// SkipSchemaCheck skips the check, when Run starts, that the table's
-	// schema is at the version this binary expects. Defaults to false.
-	SkipSchemaCheck bool
-	// Logger receives structured logs. Defaults to slog.Default().
-	Logger *slog.Logger
-	// Hooks observe the relayer: each implements one or more of
-	// BatchHook, PublishFailureHook and BatchErrorHook (ops.Metrics
-	// implements them all). They are called in this order. Defaults to
-	// none.
-	Hooks []Hook
-	// OnBatch, if set, is called after every batch that claimed rows, one
-	// batch at a time, in order, after Hooks: a BatchHook as a function.
-	// Keep it fast. Defaults to nil.
-	OnBatch func(BatchResult)
-	// TracerProvider makes the relayer's spans: one "send <topic>" span
-	// (kind producer, OpenTelemetry messaging conventions) per batch
-	// published, linked to the span each event was emitted in. With a
-	// provider that does not record (the default until an SDK is
-	// installed) a batch costs one span start and nothing per row.
-	// Defaults to otel.GetTracerProvider().
-	TracerProvider trace.TracerProvider
-	// Propagator reads the trace context Emit wrote into each row's
-	// headers, for the publish span's links; it must read what the
-	// producers' outbox.Config.Propagator writes. The headers themselves
-	// are published unchanged. Defaults to propagation.TraceContext{}
-	// (W3C Trace Context).
-	Propagator propagation.TextMapPropagator
 }
 
-// BatchResult describes one claim-publish-mark cycle.
+// BatchResult describes one claim-publish-mark cycle. For the WAL source
+// (relay/walrelay) it describes one Publish call of a batch: Locked equals
+// Claimed, nothing is Deferred (a parked event does not hold its
+// aggregate), and Holds are the events it parked (Until zero: parked, not
+// held).
 type BatchResult struct {
 	// Locked is how many pending rows the claim locked; Claimed of them were
 	// the oldest pending rows of their aggregates and were published. The
@@ -177,9 +115,49 @@ type BatchResult struct {
 	Latencies []time.Duration
 }
 
-// Stats are cumulative counters since the relayer was created.
+// Stats are a source's cumulative counters since it was created: one shape
+// for both sources. The fields after FailedBatches only the WAL source
+// fills; they stay zero for the polling relay.
 type Stats struct {
-	Batches, Claimed, Dispatched, PermanentFailures, TransientFailures, FailedBatches int64
+	// Batches settled (for polling: committed).
+	Batches int64
+	// Claimed events taken into batches, again each time a batch is
+	// retried (polling: each claim; WAL: each Publish call of a batch).
+	Claimed int64
+	// Dispatched events the broker acknowledged (with duplicates re-sent
+	// after a restart or failover).
+	Dispatched int64
+	// PermanentFailures: events that failed for good (the polling relay
+	// holds them out, the WAL source parks them); TransientFailures:
+	// failures that are retried.
+	PermanentFailures, TransientFailures int64
+	// FailedBatches counts batches (publish attempts, for the WAL source)
+	// that failed and backed off: broker or database unreachable; a WAL
+	// leader stepping down is not counted.
+	FailedBatches int64
+
+	// Parked events (WAL source only) the broker refused for good or the
+	// relayer could not decode: moved to the parked table, the stream went
+	// on.
+	Parked int64
+	// Dropped (WAL source only): logical messages with the outbox's prefix
+	// that were not events (non-transactional, message-mode events off,
+	// no id), and events that could be neither published nor parked (the
+	// parked table refused them with a data error, SQLSTATE class 22):
+	// logged, not published, not parked.
+	Dropped int64
+	// QueuedBytesMax (WAL source only) is the most bytes (as MaxBatchBytes
+	// counts them) the leader has held read ahead of the batch out: at
+	// most about MaxBatchBytes plus one event.
+	QueuedBytesMax int64
+	// Heartbeats (WAL source only) read back from the stream.
+	Heartbeats int64
+	// AckedLSN (WAL source only) is the last position acknowledged to the
+	// slot, a pglogrepl.LSN.
+	AckedLSN uint64
+	// Leading (WAL source only) is true while this relayer is the slot's
+	// reader.
+	Leading bool
 }
 
 // Hold is a row held out of claims after a permanent failure, as recorded
@@ -197,6 +175,9 @@ type Hold struct {
 	Until time.Time
 }
 
+// The polling relay is a Source.
+var _ Source = (*Relayer)(nil)
+
 // Relayer runs the claim-publish-mark loop. Create it with New, run it
 // with Run.
 type Relayer struct {
@@ -205,91 +186,76 @@ type Relayer struct {
 	claimSQL  string
 	unmarkSQL string
 	holdSQL   string
-	hooks     hooks
-	tracing   tracing
+	obs       *Observer
+	routing   outbox.Routing // the Sink's, for TopicPrefix
 	wake      chan struct{}
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
 }
 
-// New validates cfg and applies its defaults.
-func New(cfg Config) (*Relayer, error) {
-	if cfg.Pool == nil {
-		return nil, errors.New("relay: Config.Pool is nil; pass a *pgxpool.Pool connected to the outbox database")
-	}
-	if cfg.Publisher == nil {
-		return nil, errors.New("relay: Config.Publisher is nil; pass a publisher, e.g. kafkapub.NewPublisher")
-	}
-	if err := cfg.Tables.Validate(); err != nil {
-		return nil, err
-	}
-	cfg.Tables = cfg.Tables.WithDefaults()
-	if cfg.TopicPrefix != "" {
-		if err := outbox.ValidateTopic(cfg.TopicPrefix + "x"); err != nil {
-			return nil, fmt.Errorf("relay: topic prefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
-		}
-	}
-	type dflt struct {
-		name string
-		d    *time.Duration
-		def  time.Duration
-	}
+// WithDefaults returns cfg with its zero fields set to their defaults
+// (Common's by Common.WithDefaults). Negative durations are left for
+// Validate to refuse, but for BusyPollInterval, where any negative value
+// means off.
+func (cfg Config) WithDefaults() Config {
+	cfg.Common = cfg.Common.WithDefaults()
 	switch {
 	case cfg.BusyPollInterval == 0:
 		cfg.BusyPollInterval = DefaultBusyPollInterval
 	case cfg.BusyPollInterval < 0:
 		cfg.BusyPollInterval = -1 // off
 	}
-	for _, f := range []dflt{
-		{"PollInterval", &cfg.PollInterval, DefaultPollInterval},
-		{"HoldOut", &cfg.HoldOut, DefaultHoldOut},
-		{"MaxHoldOut", &cfg.MaxHoldOut, DefaultMaxHoldOut},
-		{"BackoffMin", &cfg.BackoffMin, DefaultBackoffMin},
-		{"BackoffMax", &cfg.BackoffMax, DefaultBackoffMax},
-		{"ShutdownTimeout", &cfg.ShutdownTimeout, DefaultShutdownTimeout},
+	for _, f := range []struct {
+		d   *time.Duration
+		def time.Duration
+	}{
+		{&cfg.PollInterval, DefaultPollInterval},
+		{&cfg.HoldOut, DefaultHoldOut},
+		{&cfg.MaxHoldOut, DefaultMaxHoldOut},
 	} {
-		if *f.d < 0 {
-			return nil, fmt.Errorf("relay: %s is %s; use a positive duration, or 0 for the default", f.name, *f.d)
-		}
 		if *f.d == 0 {
 			*f.d = f.def
 		}
 	}
-	if cfg.BackoffMax < cfg.BackoffMin {
-		return nil, fmt.Errorf("relay: BackoffMax (%s) is below BackoffMin (%s); raise BackoffMax or lower BackoffMin", cfg.BackoffMax, cfg.BackoffMin)
+	return cfg
+}
+
+// Validate reports the first field of cfg (with its defaults applied) the
+// relayer cannot run with: Common's (Common.Validate), then its own.
+func (cfg Config) Validate() error {
+	if err := cfg.Common.Validate(); err != nil {
+		return err
 	}
-	if cfg.BatchSize < 0 || cfg.BatchSize > 100_000 {
-		return nil, fmt.Errorf("relay: BatchSize is %d; use 1 to 100000, or 0 for the default %d", cfg.BatchSize, DefaultBatchSize)
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.MaxBatchBytes < 0 {
-		return nil, fmt.Errorf("relay: MaxBatchBytes is %d; use a positive limit, or 0 for the default 4 MiB", cfg.MaxBatchBytes)
-	}
-	if cfg.MaxBatchBytes == 0 {
-		cfg.MaxBatchBytes = DefaultMaxBatchBytes
+	cfg = cfg.WithDefaults()
+	if err := positiveDurations(map[string]time.Duration{
+		"PollInterval": cfg.PollInterval, "HoldOut": cfg.HoldOut, "MaxHoldOut": cfg.MaxHoldOut,
+	}); err != nil {
+		return err
 	}
 	if cfg.MaxHoldOut < cfg.HoldOut {
-		return nil, fmt.Errorf("relay: MaxHoldOut (%s) is below HoldOut (%s); raise MaxHoldOut or lower HoldOut", cfg.MaxHoldOut, cfg.HoldOut)
+		return fmt.Errorf("relay: MaxHoldOut (%s) is below HoldOut (%s); raise MaxHoldOut or lower HoldOut", cfg.MaxHoldOut, cfg.HoldOut)
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	return nil
+}
+
+// New validates cfg and applies its defaults.
+func New(cfg Config) (*Relayer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.TracerProvider == nil {
-		cfg.TracerProvider = otel.GetTracerProvider()
+	cfg = cfg.WithDefaults()
+	obs, err := NewObserver(cfg.Common)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Propagator == nil {
-		cfg.Propagator = propagation.TraceContext{}
-	}
-	h, err := newHooks(cfg)
+	routing, err := cfg.Routing()
 	if err != nil {
 		return nil, err
 	}
 	return &Relayer{
 		cfg:       cfg,
-		hooks:     h,
-		tracing:   newTracing(cfg),
+		obs:       obs,
+		routing:   routing,
 		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
 		claimSQL:  render(claimSQL, cfg.Tables),
 		unmarkSQL: render(unmarkSQL, cfg.Tables),
@@ -405,7 +371,7 @@ func (r *Relayer) batchContext(ctx context.Context) (batchCtx context.Context, s
 // It returns false when ctx is cancelled meanwhile.
 func (r *Relayer) backOff(ctx context.Context, pace *pacer, err error) bool {
 	r.failedBatches.Add(1)
-	r.hooks.onBatchError(err)
+	r.obs.BatchError(err)
 	attempt, d := pace.afterError()
 	r.log.Warn("relay batch failed; backing off", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
 	return backoff.Sleep(ctx, d)
@@ -520,7 +486,9 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	}
 	ackedAt := time.Now()
 	unmark, holds, failed, firstTransient := r.settle(msgs, errs, ackedAt, &res)
-	r.hooks.onFailures(c, errs, failed)
+	for _, i := range failed {
+		r.obs.PublishFailure(PublishFailure{Message: msgs[i], Err: errs[i], Refused: c.refused[msgs[i].ID]})
+	}
 	if len(unmark) > 0 {
 		if _, err := tx.Exec(ctx, r.unmarkSQL, unmark); err != nil {
 			return res, fmt.Errorf("return %d unacknowledged rows to pending: %w", len(unmark), err)
@@ -549,7 +517,7 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 	r.dispatched.Add(int64(res.Dispatched))
 	r.permanent.Add(int64(res.Permanent))
 	r.transient.Add(int64(res.Transient))
-	r.hooks.onBatch(res)
+	r.obs.Batch(res)
 	if firstTransient != nil {
 		return res, fmt.Errorf("publish: %d of %d rows not acknowledged: %w", res.Transient, len(msgs), firstTransient)
 	}
@@ -575,7 +543,7 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 		}
 		err := c.bad[m.ID]
 		if err == nil {
-			m.Topic, err = outbox.Topic(r.cfg.TopicPrefix, m.Type)
+			m.Topic, err = r.routing.Destination(m.Type)
 			err = PermanentReason(ReasonInvalidTopic, err)
 		}
 		if err != nil {
@@ -596,14 +564,10 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 	if len(send) == 0 {
 		return errs, nil
 	}
-	pctx, endSpan := r.tracing.startPublish(ctx, send)
-	perr := r.cfg.Publisher.Publish(pctx, send)
-	if len(perr) != len(send) {
-		err := fmt.Errorf("publisher returned %d results for %d messages", len(perr), len(send))
-		endSpan(nil, err)
+	perr, err := r.obs.Publish(ctx, send)
+	if err != nil {
 		return nil, err
 	}
-	endSpan(perr, nil)
 	for j, i := range sendIdx {
 		errs[i] = perr[j]
 	}

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// MessagingSystem is implemented by a Publisher that names its broker for
+// MessagingSystem is implemented by a Sink that names its broker for
 // traces: the messaging.system attribute of the relayer's publish spans
 // ("kafka" for kafkapub's). For "kafka" the spans also carry the record
 // keys (messaging.kafka.message.key: the aggregate id).
@@ -30,9 +30,9 @@ type tracing struct {
 	system string
 }
 
-func newTracing(cfg Config) tracing {
+func newTracing(cfg Common) tracing {
 	t := tracing{tracer: cfg.TracerProvider.Tracer(tracerName), prop: cfg.Propagator}
-	if s, ok := cfg.Publisher.(MessagingSystem); ok {
+	if s, ok := cfg.Sink.(MessagingSystem); ok {
 		t.system = s.MessagingSystem()
 	}
 	return t

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"log/slog"
 	"strconv"
 	"sync/atomic"
@@ -113,8 +114,8 @@ func TestRelayPublishSpanRecordsFailures(t *testing.T) {
 		_, err := p.Emit(context.Background(), tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 1})
 		return err
 	}))
-	r, err := relay.New(relay.Config{Pool: db.Pool, Tables: db.Tables, Publisher: refuseAll{}, TracerProvider: tp,
-		PollInterval: 50 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: db.Pool, Tables: db.Tables, Sink: refuseAll{}, TracerProvider: tp, Logger: slog.New(slog.DiscardHandler)},
+		PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	run(t, r)
 
@@ -128,7 +129,7 @@ func TestRelayPublishSpanRecordsFailures(t *testing.T) {
 	require.NotContains(t, attrMap(s.Attributes()), "messaging.system", "a publisher that names no system")
 }
 
-type refuseAll struct{}
+type refuseAll struct{ fakesink.Kafka }
 
 func (refuseAll) Publish(_ context.Context, msgs []relay.Message) []error {
 	errs := make([]error, len(msgs))
@@ -222,9 +223,8 @@ func BenchmarkRelayBatchTraced(b *testing.B) {
 			}
 			var dispatched atomic.Int64
 			r, err := relay.New(relay.Config{
-				Pool: db.Pool, Publisher: devBroker(b), Tables: db.Tables, BatchSize: batch, TracerProvider: prov.tp,
-				Logger:  slog.New(slog.DiscardHandler),
-				OnBatch: func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) },
+				Common: relay.Common{Pool: db.Pool, Sink: devBroker(b), Tables: db.Tables, BatchSize: batch, TracerProvider: prov.tp, Logger: slog.New(slog.DiscardHandler),
+					Hooks: []relay.Hook{onBatch(func(res relay.BatchResult) { dispatched.Add(int64(res.Dispatched)) })}},
 			})
 			if err != nil {
 				b.Fatal(err)

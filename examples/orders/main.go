@@ -148,8 +148,8 @@ func relayAndConsume(ctx context.Context, out io.Writer, pool *pgxpool.Pool, tab
 		return err
 	}
 	defer client.Close()
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
-		Tables: tables, PollInterval: 100 * time.Millisecond, Logger: log})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: tables, Logger: log},
+		PollInterval: 100 * time.Millisecond})
 	if err != nil {
 		return err
 	}

@@ -255,7 +255,7 @@ func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string
 			return nil, err
 		}
 		g.closers = append(g.closers, pool.Close)
-		var pub relay.Publisher = nullPublisher{}
+		var pub relay.Sink = nullPublisher{}
 		if b != nil {
 			client, err := kafkapub.NewPublisherClient(b.cfg)
 			if err != nil {
@@ -266,12 +266,8 @@ func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string
 			pub = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
 		}
 		cfg := relay.Config{
-			Pool:        pool,
-			Publisher:   pub,
-			Tables:      e.tables,
-			TopicPrefix: prefix,
-			Logger:      e.s.cfg.Logger,
-			OnBatch:     g.onBatch,
+			Common: relay.Common{Pool: pool, Sink: pub, Tables: e.tables, TopicPrefix: prefix, Logger: e.s.cfg.Logger,
+				Hooks: []relay.Hook{g}},
 		}
 		if mod != nil {
 			mod(&cfg)
@@ -296,7 +292,8 @@ func (e *env) startRelayers(ctx context.Context, b *broker, n int, prefix string
 	return g, nil
 }
 
-func (g *relayGroup) onBatch(res relay.BatchResult) {
+// OnBatch counts the group's batches; the group is its relayers' relay.BatchHook.
+func (g *relayGroup) OnBatch(res relay.BatchResult) {
 	g.dispatched.Add(int64(res.Dispatched))
 	g.batches.Add(1)
 	g.lastBatch.Store(time.Now().UnixNano())

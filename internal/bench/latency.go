@@ -92,14 +92,14 @@ type latencyStats struct {
 // acknowledged; emitters note when each commit returned. Their difference
 // is commit-to-ack, without the commit itself.
 type ackClock struct {
-	relay.Publisher
+	relay.Sink
 	mu       sync.Mutex
 	acked    map[int64]time.Time
 	commited map[int64]time.Time
 }
 
 func (c *ackClock) Publish(ctx context.Context, msgs []relay.Message) []error {
-	errs := c.Publisher.Publish(ctx, msgs)
+	errs := c.Sink.Publish(ctx, msgs)
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -160,8 +160,8 @@ func latencyOnce(ctx context.Context, s *session, e *env, r latencyRun, window t
 	clock := &ackClock{acked: map[int64]time.Time{}, commited: map[int64]time.Time{}}
 	g, err := e.startRelayers(ctx, b, 1, prefix, true, func(c *relay.Config) {
 		c.PollOnly = r.pollOnly
-		clock.Publisher = c.Publisher
-		c.Publisher = clock
+		clock.Sink = c.Sink
+		c.Sink = clock
 	})
 	if err != nil {
 		return st, err

@@ -265,7 +265,7 @@ func drainNull(ctx context.Context, s *session, e *env, n int64) (drainResult, e
 		return drainResult{}, err
 	}
 	s.progress("relay: 1 relayer, no broker, draining %d events", n)
-	g, err := e.startRelayers(ctx, nil, 1, "", false, func(c *relay.Config) { c.Publisher = nullPublisher{} })
+	g, err := e.startRelayers(ctx, nil, 1, "", false, func(c *relay.Config) { c.Sink = nullPublisher{} })
 	if err != nil {
 		return drainResult{}, err
 	}

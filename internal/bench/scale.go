@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"slices"
 	"strings"
 	"sync"
@@ -172,7 +173,7 @@ func captureClaimSQL(ctx context.Context, e *env) (string, error) {
 		return "", err
 	}
 	defer pool.Close()
-	r, err := relay.New(relay.Config{Pool: pool, Publisher: nullPublisher{}, Tables: e.tables, PollOnly: true, Logger: e.s.cfg.Logger})
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: nullPublisher{}, Tables: e.tables, Logger: e.s.cfg.Logger}, PollOnly: true})
 	if err != nil {
 		return "", err
 	}
@@ -211,7 +212,7 @@ func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx
 func (t *claimTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // nullPublisher acknowledges everything at once.
-type nullPublisher struct{}
+type nullPublisher struct{ fakesink.Kafka }
 
 func (nullPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))

@@ -227,14 +227,14 @@ func (e *env) teardownSlot(ctx context.Context, slot string) error {
 // startWAL runs one WAL relayer on the env's slot (setupSlot first);
 // wrap, if set, wraps its publisher.
 // linger is its Config.Linger (0: the default).
-func (e *env) startWAL(ctx context.Context, b *broker, prefix string, linger time.Duration, wrap func(relay.Publisher) relay.Publisher) (*walRelay, error) {
+func (e *env) startWAL(ctx context.Context, b *broker, prefix string, linger time.Duration, wrap func(relay.Sink) relay.Sink) (*walRelay, error) {
 	return e.startWALWith(ctx, b, prefix, linger, wrap, false)
 }
 
 // startWALWith is startWAL; messages turns on message-mode events
 // (walrelay.Config.Messages), first revoking pg_logical_emit_message from
 // PUBLIC (walrelay.SecureMessages), which that takes.
-func (e *env) startWALWith(ctx context.Context, b *broker, prefix string, linger time.Duration, wrap func(relay.Publisher) relay.Publisher, messages bool) (*walRelay, error) {
+func (e *env) startWALWith(ctx context.Context, b *broker, prefix string, linger time.Duration, wrap func(relay.Sink) relay.Sink, messages bool) (*walRelay, error) {
 	if messages {
 		if _, err := walrelay.SecureMessages(ctx, e.pool); err != nil {
 			return nil, err
@@ -249,11 +249,11 @@ func (e *env) startWALWith(ctx context.Context, b *broker, prefix string, linger
 		pool.Close()
 		return nil, err
 	}
-	var pub relay.Publisher = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
+	var pub relay.Sink = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
 	if wrap != nil {
 		pub = wrap(pub)
 	}
-	r, err := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub, Tables: e.tables, TopicPrefix: prefix, SkipSetup: true, Linger: linger, Messages: messages, Logger: e.s.cfg.Logger})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: pool, Sink: pub, Tables: e.tables, TopicPrefix: prefix, Logger: e.s.cfg.Logger}, SkipSetup: true, Linger: linger, Messages: messages})
 	if err != nil {
 		client.Close()
 		pool.Close()
@@ -272,7 +272,7 @@ func (w *walRelay) waitFor(ctx context.Context, want int64, timeout time.Duratio
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
-	for w.r.Stats().Published < want {
+	for w.r.Stats().Dispatched < want {
 		select {
 		case err := <-w.done:
 			w.done <- err
@@ -282,7 +282,7 @@ func (w *walRelay) waitFor(ctx context.Context, want int64, timeout time.Duratio
 		case <-tick.C:
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("WAL relayer published %d of %d events within %s", w.r.Stats().Published, want, timeout)
+			return 0, fmt.Errorf("WAL relayer published %d of %d events within %s", w.r.Stats().Dispatched, want, timeout)
 		}
 	}
 	return time.Since(w.start), nil
@@ -381,7 +381,7 @@ func walLatencyOnce(ctx context.Context, s *session, e *env, r latencyRun, windo
 		return st, err
 	}
 	clock := &ackClock{acked: map[int64]time.Time{}, commited: map[int64]time.Time{}}
-	w, err := e.startWAL(ctx, b, prefix, linger, func(pub relay.Publisher) relay.Publisher { clock.Publisher = pub; return clock })
+	w, err := e.startWAL(ctx, b, prefix, linger, func(pub relay.Sink) relay.Sink { clock.Sink = pub; return clock })
 	if err != nil {
 		return st, err
 	}

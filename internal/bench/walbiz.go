@@ -400,7 +400,7 @@ func (e *env) startBizReader(ctx context.Context, s *session, r bizRun, b *broke
 			return nil, err
 		}
 		rd.release = func() { _ = w.stop() } // stopped by stopNow; a second stop is a no-op
-		rd.relayed, rd.stop = func() int64 { return w.r.Stats().Published }, w.stop
+		rd.relayed, rd.stop = func() int64 { return w.r.Stats().Dispatched }, w.stop
 		rd.batches = func() int64 { return w.r.Stats().Batches }
 		rd.catchUp = func(txs, _ int64) error { _, err := w.waitFor(ctx, txs, drainTimeout(txs)); return err }
 	case readRecvlogical:
@@ -582,7 +582,7 @@ func (e *env) cleanUp(ctx context.Context, r bizRun, slot string) (*cleanupCost,
 	if r.mode != "insert_delete" {
 		cfg := ops.CleanupConfig{Tables: e.tables, Retention: time.Microsecond, SkipProcessed: true, Pause: time.Nanosecond, Logger: e.s.cfg.Logger}
 		if r.reader == readWAL {
-			cfg.WALSlot = slot
+			cfg.Source = ops.WAL(slot)
 			cfg.WALConfirmWait = 30 * time.Second
 		}
 		beat := func() {}

@@ -218,7 +218,7 @@ func drainWAL(ctx context.Context, s *session, e *env, n int64) (d drainResult, 
 	if err := errors.Join(werr, w.stop()); err != nil {
 		return d, err
 	}
-	d = drainResult{events: st.Published, elapsed: elapsed, batches: st.Batches, serverCPU: server, clientCPU: client}
+	d = drainResult{events: st.Dispatched, elapsed: elapsed, batches: st.Batches, serverCPU: server, clientCPU: client}
 	if d.published, err = b.published(ctx, prefix+"order"); err != nil {
 		return d, err
 	}

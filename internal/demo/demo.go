@@ -158,6 +158,18 @@ type demo struct {
 }
 
 // deferred adds f to what cleanUp undoes.
+// lagHook records the relayers' latencies while the demo measures.
+type lagHook struct{ d *demo }
+
+func (h lagHook) OnBatch(b relay.BatchResult) {
+	if !h.d.measuring.Load() {
+		return
+	}
+	h.d.lagMu.Lock()
+	h.d.lags = append(h.d.lags, b.Latencies...)
+	h.d.lagMu.Unlock()
+}
+
 func (d *demo) deferred(f func()) { d.undo = append(d.undo, f) }
 
 // cleanUp undoes what the steps set up, last first.
@@ -316,17 +328,9 @@ func (d *demo) startServices(ctx context.Context) error {
 		}
 		d.deferred(client.Close)
 		r, err := relay.New(relay.Config{
-			Pool: d.pool, Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}),
-			Tables: d.tables, TopicPrefix: d.prefix, PollInterval: 200 * time.Millisecond,
-			Logger: d.cfg.Logger.With("relayer", i+1),
-			OnBatch: func(b relay.BatchResult) {
-				if !d.measuring.Load() {
-					return
-				}
-				d.lagMu.Lock()
-				d.lags = append(d.lags, b.Latencies...)
-				d.lagMu.Unlock()
-			},
+			Common: relay.Common{Pool: d.pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}), Tables: d.tables, TopicPrefix: d.prefix, Logger: d.cfg.Logger.With("relayer", i+1),
+				Hooks: []relay.Hook{lagHook{d}}},
+			PollInterval: 200 * time.Millisecond,
 		})
 		if err != nil {
 			return err

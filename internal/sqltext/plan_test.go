@@ -14,8 +14,9 @@ import (
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/sqltext"
 	"github.com/pgoutbox/outbox/migrate"
-	_ "github.com/pgoutbox/outbox/ops"   // registers its statements
-	_ "github.com/pgoutbox/outbox/relay" // registers its statements
+	_ "github.com/pgoutbox/outbox/ops"            // registers its statements
+	_ "github.com/pgoutbox/outbox/ops/switchover" // registers its statements
+	_ "github.com/pgoutbox/outbox/relay"          // registers its statements
 )
 
 // planTables is a non-default schema (the test's own) with non-default
@@ -37,7 +38,7 @@ func TestEveryStatementRenders(t *testing.T) {
 		require.NotContains(t, sql, "{{", st.Name)
 		require.NotContains(t, sql, "}}", st.Name)
 	}
-	for _, pkg := range []string{"outbox", "relay", "ops", "consumer", "migrate"} {
+	for _, pkg := range []string{"outbox", "relay", "ops", "switchover", "cleanuplock", "consumer", "migrate"} {
 		require.NotZero(t, pkgs[pkg], "package %s registers no statement", pkg)
 	}
 }

@@ -195,3 +195,12 @@ func Registered() []Statement {
 	slices.SortFunc(out, func(a, b Statement) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
+
+// HeldRows is what makes a pending row held, a fragment of the statements
+// that count or skip held rows (ops, ops/switchover): a failures row (one
+// per event, primary key event_id) recorded since the row last became
+// pending. A failure older than that belongs to an earlier life of the row,
+// before `outbox events replay` or `unpark` requeued it. The failures table
+// is tiny and each of its rows finds its outbox row by primary key.
+const HeldRows = `SELECT f.event_id, o.aggregate_id, f.reason, f.first_failed_at FROM {{failures}} f JOIN {{outbox}} o ON o.id = f.event_id
+  WHERE o.dispatched_at IS NULL AND f.failed_at >= coalesce(o.requeued_at, o.created_at)`

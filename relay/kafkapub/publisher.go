@@ -37,7 +37,7 @@ type PublisherConfig struct {
 	Logger *slog.Logger
 }
 
-// Publisher is a relay.Publisher on a franz-go client. The client should
+// Publisher is a relay.Sink on a franz-go client. The client should
 // be built with NewPublisherClient.
 //
 // A failure belongs to the record that caused it. A record larger than its
@@ -168,7 +168,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 			continue
 		}
 		lim := limits[m.Topic]
-		if size := outbox.RecordSize(m.ID, m.Type, len(m.Payload), m.Headers, p.source); size > lim.bytes {
+		if size := (outbox.KafkaRouting{}).RecordSize(m.ID, m.Type, len(m.Payload), m.Headers, p.source); size > lim.bytes {
 			errs[i] = relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
 				"%w: the record is %d bytes (payload %d); topic %q accepts at most %d (%s). Raise the topic's max.message.bytes and retry the row ('outbox events retry'), or park it",
 				kerr.MessageTooLarge, size, len(m.Payload), m.Topic, lim.bytes, lim.from))

@@ -118,7 +118,7 @@ func TestPublishLearnsTopicLimits(t *testing.T) {
 	require.ErrorContains(t, errs[2], `topic "big" accepts at most 50000 (the broker's message.max.bytes)`)
 	require.ErrorContains(t, errs[2], "Raise the topic's max.message.bytes and retry the row")
 
-	size := outbox.RecordSize(3, "big.x", 60_002, nil, "")
+	size := outbox.KafkaRouting{}.RecordSize(3, "big.x", 60_002, nil, "")
 	require.ErrorContains(t, errs[2], "the record is "+strconv.Itoa(size)+" bytes")
 }
 

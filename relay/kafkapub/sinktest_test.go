@@ -53,7 +53,7 @@ func kafkaSink(t *testing.T) *sinktest.Sink {
 		return b.Fault(f).Remove
 	}
 	return &sinktest.Sink{
-		Publisher: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
+		Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
 		Read: func(t *testing.T, dest string, want int) []sinktest.Delivered {
 			t.Helper()
 			deadline := time.Now().Add(10 * time.Second)

@@ -1,6 +1,6 @@
 // Package sinktest is the conformance suite every sink passes: a sink's
 // own tests run it against the sink's real server, and the suite checks
-// what the relayers count on from a relay.Publisher.
+// what the relayers count on from a relay.Sink.
 //
 //   - Every acknowledged message reaches its destination byte-exact: the
 //     payload as given (non-ASCII text, an empty object, the spacing
@@ -29,7 +29,7 @@
 //			New: func(t *testing.T) *sinktest.Sink {
 //				srv := startServer(t) // a server, or a namespace, of its own
 //				return &sinktest.Sink{
-//					Publisher: mysink.New(srv.Addr()),
+//					Sink: mysink.New(srv.Addr()),
 //					Read: func(t *testing.T, dest string, want int) []sinktest.Delivered {
 //						return readAll(t, srv, dest, want)
 //					},

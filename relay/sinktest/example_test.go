@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/sinktest"
 )
@@ -82,6 +83,24 @@ func (s *memSink) Publish(_ context.Context, msgs []relay.Message) []error {
 	return errs
 }
 
+// Routing routes as Kafka does (the type up to its first '.', after the
+// prefix); a sink with other naming rules writes its own outbox.Routing.
+func (s *memSink) Routing(prefix string) (outbox.Routing, error) {
+	r := outbox.KafkaRouting{TopicPrefix: prefix, MaxRecordBytes: outbox.DefaultMaxRecordBytes}
+	return r, r.Validate()
+}
+
+// ErrorCode names Publish's errors for metrics.
+func (s *memSink) ErrorCode(err error) string {
+	switch {
+	case errors.Is(err, errUnavailable):
+		return "unavailable"
+	case relay.IsPermanent(err):
+		return relay.ReasonOf(err)
+	}
+	return "not_sent"
+}
+
 func (s *memSink) read(dest string) []sinktest.Delivered {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -113,7 +132,7 @@ func TestMemorySink(t *testing.T) {
 		s := &memSink{maxBytes: 64 << 10, broken: os.Getenv(breakEnv), dests: map[string][]relay.Message{},
 			failing: map[string]bool{}, refused: map[string]bool{}, failIDs: map[int64]bool{}, refuseIDs: map[int64]bool{}}
 		return &sinktest.Sink{
-			Publisher:         s,
+			Sink:              s,
 			Read:              func(_ *testing.T, dest string, _ int) []sinktest.Delivered { return s.read(dest) },
 			MaxBytes:          s.maxBytes,
 			FailDestination:   func(_ *testing.T, dest string) func() { return set(s, s.failing, dest) },

@@ -30,13 +30,13 @@ type Harness struct {
 	KnownDefects map[string]string
 }
 
-// Sink is one case's sink: the publisher under test, how to read back
-// what it delivered, and the faults it can be made to show. Publisher and
-// Read are required; every other field is an optional capability, and a
+// Sink is one case's sink: the sink under test, how to read back what it
+// delivered, and the faults it can be made to show. Sink and Read are
+// required; every other field is an optional capability, and a
 // case that needs one the sink lacks is skipped, saying which.
 type Sink struct {
-	// Publisher is the sink under test.
-	Publisher relay.Publisher
+	// Sink is the sink under test.
+	Sink relay.Sink
 	// Read returns every message that reached dest, in the order dest
 	// holds them (at least per aggregate: messages of different
 	// aggregates may come in any order), duplicates included. want is
@@ -150,8 +150,11 @@ type run struct {
 func start(t *testing.T, h Harness) *run {
 	t.Helper()
 	s := h.New(t)
-	if s == nil || s.Publisher == nil || s.Read == nil {
-		t.Fatalf("sinktest: %s: Harness.New must return a Sink with Publisher and Read", h.Name)
+	if s == nil || s.Sink == nil || s.Read == nil {
+		t.Fatalf("sinktest: %s: Harness.New must return a Sink with Sink and Read", h.Name)
+	}
+	if _, err := s.Sink.Routing(""); err != nil {
+		t.Fatalf("sinktest: %s: Routing(\"\") failed: %v; a sink must route without a prefix", h.Name, err)
 	}
 	var b [5]byte
 	_, _ = rand.Read(b[:])
@@ -191,9 +194,14 @@ func (r *run) publish(msgs []relay.Message) []error {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
 	defer cancel()
-	errs := r.sink.Publisher.Publish(ctx, slices.Clone(msgs))
+	errs := r.sink.Sink.Publish(ctx, slices.Clone(msgs))
 	if len(errs) != len(msgs) {
 		r.t.Fatalf("sinktest: %s: Publish of %d messages returned %d errors; it must return one per message, in order", r.name, len(msgs), len(errs))
+	}
+	for i, err := range errs {
+		if err != nil && r.sink.Sink.ErrorCode(err) == "" {
+			r.t.Errorf("sinktest: %s: ErrorCode is empty for message %d's error %q; name every error with a short, stable code", r.name, msgs[i].ID, err)
+		}
 	}
 	return errs
 }

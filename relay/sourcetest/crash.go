@@ -17,14 +17,14 @@ import (
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
-// crashingPublisher publishes through inner and, in the first call that
+// crashingPublisher publishes through its Sink and, in the first call that
 // comes once crashAfter events were acknowledged by the broker, lets crash
 // run after the broker acknowledged and before the relayer can acknowledge
 // the events to the outbox: the window a process crash would hit. That
 // call first waits pause, so that a source acknowledging at intervals has
 // told the outbox about the earlier calls.
 type crashingPublisher struct {
-	inner      relay.Publisher
+	relay.Sink // publishes
 	crashAfter int
 	pause      time.Duration
 	crash      func()
@@ -48,7 +48,7 @@ func (p *crashingPublisher) Publish(ctx context.Context, msgs []relay.Message) [
 	if crashing {
 		time.Sleep(p.pause)
 	}
-	errs := p.inner.Publish(ctx, msgs)
+	errs := p.Sink.Publish(ctx, msgs)
 	p.mu.Lock()
 	for i, m := range msgs {
 		if errs[i] == nil {
@@ -85,7 +85,7 @@ func CrashBetweenPublishAndAck(t *testing.T, src Source) {
 	// The crash comes once two batches' worth of events went out, after
 	// a pause longer than any source's interval between acknowledgements
 	// (the WAL source's StatusInterval in its tests is 200ms).
-	pub := &crashingPublisher{inner: e.publisher(t, kafkapub.PublisherConfig{}), crashAfter: 2 * batch, pause: 600 * time.Millisecond,
+	pub := &crashingPublisher{Sink: e.publisher(t, kafkapub.PublisherConfig{}), crashAfter: 2 * batch, pause: 600 * time.Millisecond,
 		crashed: make(chan struct{}), published: map[int64]bool{}, crash: func() { <-started; r1.Kill() }}
 	r1 = src.Start(t, e.db, pub, RelayerConfig{BatchSize: batch})
 	close(started)
@@ -132,14 +132,14 @@ func CrashBetweenPublishAndAck(t *testing.T, src Source) {
 // gatedPublisher lets a scenario change the broker's faults between
 // publishes, never while one is under way.
 type gatedPublisher struct {
-	inner relay.Publisher
-	mu    sync.Mutex
+	relay.Sink
+	mu sync.Mutex
 }
 
 func (p *gatedPublisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.inner.Publish(ctx, msgs)
+	return p.Sink.Publish(ctx, msgs)
 }
 
 // between runs fn while no publish is under way.
@@ -161,7 +161,7 @@ func BrokerFaults(t *testing.T, src Source) {
 	// A retriable error sends the client to refresh its metadata, at most
 	// once per MetadataMinAge (5s by default, as long as the delivery
 	// timeout): keep it short so retries succeed within a publish.
-	gate := &gatedPublisher{inner: e.publisher(t, kafkapub.PublisherConfig{}, kgo.MetadataMinAge(100*time.Millisecond))}
+	gate := &gatedPublisher{Sink: e.publisher(t, kafkapub.PublisherConfig{}, kgo.MetadataMinAge(100*time.Millisecond))}
 	r := src.Start(t, e.db, gate, RelayerConfig{BatchSize: 200})
 
 	var committed map[int64]event

@@ -73,13 +73,13 @@ func (e *env) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {
 }
 
 // publisher builds a Kafka publisher for the source on a client of its own.
-func (e *env) publisher(t *testing.T, cfg kafkapub.PublisherConfig, opts ...kgo.Opt) relay.Publisher {
+func (e *env) publisher(t *testing.T, cfg kafkapub.PublisherConfig, opts ...kgo.Opt) relay.Sink {
 	t.Helper()
 	return e.publisherOn(e.client(t, opts...), cfg)
 }
 
 // publisherOn builds a Kafka publisher for the source on client.
-func (e *env) publisherOn(client *kgo.Client, cfg kafkapub.PublisherConfig) relay.Publisher {
+func (e *env) publisherOn(client *kgo.Client, cfg kafkapub.PublisherConfig) relay.Sink {
 	cfg.Source = e.src.EventSource
 	return kafkapub.NewPublisher(client, cfg)
 }

@@ -217,7 +217,7 @@ func (e *env) checkPublishedRows(t *testing.T, all []*propertyRow, published map
 	topics := map[string]bool{}
 	for _, r := range all {
 		if r.reason == "" {
-			topic, _ := outbox.Topic("", r.typ)
+			topic, _ := outbox.KafkaRouting{}.Destination(r.typ)
 			topics[topic] = true
 		}
 	}
@@ -277,10 +277,10 @@ func oracle(id int64, typ, payload, headers, source string, limit int) string {
 			}
 		}
 	}
-	if _, err := outbox.Topic("", typ); err != nil {
+	if _, err := (outbox.KafkaRouting{}).Destination(typ); err != nil {
 		return relay.ReasonInvalidTopic
 	}
-	if outbox.RecordSize(id, typ, len(payload), h, source) > limit {
+	if (outbox.KafkaRouting{}).RecordSize(id, typ, len(payload), h, source) > limit {
 		return relay.ReasonTooLarge
 	}
 	return ""
@@ -293,7 +293,7 @@ func oracle(id int64, typ, payload, headers, source string, limit int) string {
 // whose names are neither empty nor reserved: what the relayers decode
 // (relay.DecodeHeaders), refusing at insert what they would set aside.
 func guardOracle(typ, headers string) string {
-	if _, err := outbox.Topic("", typ); err != nil {
+	if _, err := (outbox.KafkaRouting{}).Destination(typ); err != nil {
 		return "type_topic"
 	}
 	if headers == "" || headers == "null" {

@@ -55,7 +55,7 @@ type Source struct {
 	// Start starts one relayer on db's outbox that publishes through pub,
 	// until t ends or the Relayer is stopped or killed: build it with
 	// Background.
-	Start func(t *testing.T, db *DB, pub relay.Publisher, cfg RelayerConfig) *Relayer
+	Start func(t *testing.T, db *DB, pub relay.Sink, cfg RelayerConfig) *Relayer
 	// Unacked lists, ascending, the events the source would publish (again)
 	// if a relayer started now: the pending rows (polling), the inserts the
 	// slot holds past its confirmed position (WAL). The suite calls it once

@@ -27,7 +27,7 @@ func BenchmarkDrainBacklog(b *testing.B) {
 	broker, err := devkafka.Start(devkafka.Config{Partitions: 6})
 	require.NoError(b, err)
 	defer broker.Close()
-	newPub := func() relay.Publisher {
+	newPub := func() relay.Sink {
 		client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{broker.Addr()}, Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(30 * time.Second)}})
 		require.NoError(b, err)
 		b.Cleanup(client.Close)
@@ -44,13 +44,13 @@ func BenchmarkDrainBacklog(b *testing.B) {
 		slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 		require.NoError(b, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 		fill(db)
-		r, err := walrelay.New(walrelay.Config{Pool: db.Pool, Publisher: newPub(), Tables: db.Tables})
+		r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: db.Pool, Sink: newPub(), Tables: db.Tables}})
 		require.NoError(b, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		start := time.Now()
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()
-		for r.Stats().Published < events {
+		for r.Stats().Dispatched < events {
 			time.Sleep(5 * time.Millisecond)
 		}
 		wal := time.Since(start)
@@ -61,7 +61,7 @@ func BenchmarkDrainBacklog(b *testing.B) {
 		// Polling relay, same cluster, same broker
 		db2 := pgtest.New(b, pgtest.Options{MaxConns: 8, ServerURL: url})
 		fill(db2)
-		pr, err := relay.New(relay.Config{Pool: db2.Pool, Publisher: newPub(), Tables: db2.Tables})
+		pr, err := relay.New(relay.Config{Common: relay.Common{Pool: db2.Pool, Sink: newPub(), Tables: db2.Tables}})
 		require.NoError(b, err)
 		ctx2, cancel2 := context.WithCancel(context.Background())
 		start = time.Now()

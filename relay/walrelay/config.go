@@ -1,26 +1,19 @@
 package walrelay
 
 import (
-	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/relay"
 )
 
-// Defaults of Config, applied by New and used by `outbox relay --mode wal`.
+// Defaults of Config's WAL fields, applied by New and used by `outbox relay
+// --mode wal`; those of the shared fields are relay.Common's.
 const (
-	DefaultBatchSize          = 5000
 	DefaultStatusInterval     = time.Second
 	DefaultHeartbeatInterval  = 5 * time.Second
 	DefaultLeaderPollInterval = time.Second
 	DefaultSlotBusyTimeout    = 10 * time.Second
-	DefaultBackoffMin         = 100 * time.Millisecond
-	DefaultBackoffMax         = 30 * time.Second
 	DefaultUnknownTopicGrace  = 30 * time.Second
 	DefaultLinger             = 2 * time.Millisecond
 	// MaxStatusInterval caps StatusInterval: the server's walsender ends a
@@ -32,21 +25,28 @@ const (
 	HeartbeatPrefix = "outbox-heartbeat"
 )
 
-// Config configures a Relayer. Pool and Publisher are required.
+// Config configures a Relayer: the fields every source shares
+// (relay.Common; Pool and Publisher are required) and the WAL source's
+// own. Of Common's: the relayer takes its leader lock, heartbeats, parks
+// refused events and reads the slot's state through Pool, and opens its
+// replication connection with the pool's connection settings (plus
+// replication=database): the role needs the REPLICATION attribute.
+// BatchSize is the most events one Publish call takes; while a batch is
+// out, the stream is read on until this many more wait, or MaxBatchBytes
+// (payload and headers as decoded from the WAL). ShutdownTimeout bounds
+// how long Run lets the batch in flight finish and be acknowledged to the
+// slot; past it the batch is abandoned, to be re-sent by the next leader.
+// After BackoffMin and BackoffMax: the backoff doubles over the failures
+// in a row and starts over after a success (a lead that moved the slot, a
+// try that found the database up and another relayer leading), so that a
+// relayer is back within about BackoffMin of an outage's end plus the last
+// wait of that outage. Hooks see one batch per Publish call: its
+// dispatched events, its permanent failures (parked; BatchResult.Holds,
+// Until zero) and transient ones (retried), and TracerProvider gets its
+// "send <topic>" spans.
 type Config struct {
-	// Pool connects to the database holding the outbox. The relayer takes
-	// its leader lock, heartbeats, parks refused events and reads the
-	// slot's state through it, and opens its replication connection with
-	// the pool's connection settings (plus replication=database): the
-	// role needs the REPLICATION attribute. Required.
-	Pool *pgxpool.Pool
-	// Publisher delivers messages to the broker. Required.
-	Publisher relay.Publisher
-	// Tables names the outbox table. Defaults to public.events_outbox.
-	Tables outbox.Tables
-	// TopicPrefix is prepended to the topic derived from each event type,
-	// as for the polling relay. Defaults to "".
-	TopicPrefix string
+	relay.Common
+
 	// Slot is the logical replication slot to read. Defaults to
 	// DefaultName of the pool's database and Tables. When both Slot and
 	// Publication are left to their defaults and this database has the
@@ -76,18 +76,6 @@ type Config struct {
 	// SkipSetup makes Run use the slot and publication as they are instead
 	// of creating them when missing (Setup). Defaults to false.
 	SkipSetup bool
-	// BatchSize is the most messages one Publish call takes; while a batch
-	// is out, the stream is read on until this many more wait. Defaults to
-	// DefaultBatchSize (5000).
-	BatchSize int
-	// MaxBatchBytes bounds the bytes (payload and headers, as decoded from
-	// the WAL) of one Publish call, and of what is read ahead while a
-	// batch is out: a batch stops before the event that would cross it (a
-	// single larger event goes alone), and the stream is not read on
-	// while this many bytes wait. The relayer so holds about twice this
-	// much. Defaults to relay.DefaultMaxBatchBytes (4 MiB), as the polling
-	// relay.
-	MaxBatchBytes int
 	// StatusInterval is the longest the relayer goes without telling the
 	// server how far the broker has acknowledged (a standby status update);
 	// it also answers at once when the server asks, and tells about 100ms
@@ -131,65 +119,28 @@ type Config struct {
 	// the topic within it loses nothing. A type that makes no valid topic
 	// name is parked at once. Defaults to DefaultUnknownTopicGrace (30s).
 	UnknownTopicGrace time.Duration
-	// ShutdownTimeout bounds how long Run lets the batch in flight finish
-	// (and be acknowledged to the slot) after its context is cancelled;
-	// past it the batch is abandoned, to be re-sent by the next leader.
-	// Defaults to relay.DefaultShutdownTimeout (30s).
-	ShutdownTimeout time.Duration
-	// BackoffMin and BackoffMax bound the backoff after a failure: the
-	// broker or the database unreachable. It doubles over the failures in
-	// a row and starts over after a success (a lead that moved the slot,
-	// a try that found the database up and another relayer leading), so
-	// that a relayer is back within about BackoffMin of an outage's end
-	// plus the last wait of that outage. Default to DefaultBackoffMin
-	// (100ms) and DefaultBackoffMax (30s).
-	BackoffMin, BackoffMax time.Duration
 	// Name tells this relayer's sessions apart in pg_stat_activity
 	// (application_name "outbox-wal <name>"). Defaults to "".
 	Name string
-	// Logger receives structured logs. Defaults to slog.Default().
-	Logger *slog.Logger
 
 	defaultNames bool // Slot and Publication were both left empty
 }
 
-func (cfg *Config) applyDefaults() error {
-	if cfg.Pool == nil {
-		return errors.New("walrelay: Config.Pool is nil; pass a *pgxpool.Pool connected to the outbox database")
-	}
-	if cfg.Publisher == nil {
-		return errors.New("walrelay: Config.Publisher is nil; pass a publisher, e.g. kafkapub.NewPublisher")
-	}
-	if err := cfg.Tables.Validate(); err != nil {
-		return err
-	}
-	cfg.Tables = cfg.Tables.WithDefaults()
-	if cfg.TopicPrefix != "" {
-		if err := outbox.ValidateTopic(cfg.TopicPrefix + "x"); err != nil {
-			return fmt.Errorf("walrelay: topic prefix %q cannot start a topic name: %s", cfg.TopicPrefix, err)
+// WithDefaults returns cfg with its zero fields set to their defaults
+// (Common's by relay.Common.WithDefaults), Slot and Publication to
+// DefaultNameOf the pool's database and Tables. Negative durations are
+// left for Validate to refuse, but for those where a negative value means
+// off (Linger, HeartbeatInterval).
+func (cfg Config) WithDefaults() Config {
+	cfg.Common = cfg.Common.WithDefaults()
+	if cfg.Pool != nil {
+		cfg.defaultNames = cfg.defaultNames || cfg.Slot == "" && cfg.Publication == ""
+		if cfg.Slot == "" {
+			cfg.Slot = DefaultNameOf(cfg.Pool, cfg.Tables)
 		}
-	}
-	cfg.defaultNames = cfg.Slot == "" && cfg.Publication == ""
-	if cfg.Slot == "" {
-		cfg.Slot = DefaultNameOf(cfg.Pool, cfg.Tables)
-	}
-	if cfg.Publication == "" {
-		cfg.Publication = DefaultNameOf(cfg.Pool, cfg.Tables)
-	}
-	if err := validNames(cfg.Slot, cfg.Publication); err != nil {
-		return err
-	}
-	if cfg.BatchSize < 0 || cfg.BatchSize > 100_000 {
-		return fmt.Errorf("walrelay: BatchSize is %d; use 1 to 100000, or 0 for the default %d", cfg.BatchSize, DefaultBatchSize)
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.MaxBatchBytes < 0 {
-		return fmt.Errorf("walrelay: MaxBatchBytes is %d; use a positive size, or 0 for the default %d", cfg.MaxBatchBytes, relay.DefaultMaxBatchBytes)
-	}
-	if cfg.MaxBatchBytes == 0 {
-		cfg.MaxBatchBytes = relay.DefaultMaxBatchBytes
+		if cfg.Publication == "" {
+			cfg.Publication = DefaultNameOf(cfg.Pool, cfg.Tables)
+		}
 	}
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
@@ -197,37 +148,51 @@ func (cfg *Config) applyDefaults() error {
 	if cfg.Linger == 0 {
 		cfg.Linger = DefaultLinger
 	}
+	for _, f := range []struct {
+		d   *time.Duration
+		def time.Duration
+	}{
+		{&cfg.StatusInterval, DefaultStatusInterval},
+		{&cfg.LeaderPollInterval, DefaultLeaderPollInterval},
+		{&cfg.SlotBusyTimeout, DefaultSlotBusyTimeout},
+		{&cfg.UnknownTopicGrace, DefaultUnknownTopicGrace},
+	} {
+		if *f.d == 0 {
+			*f.d = f.def
+		}
+	}
+	return cfg
+}
+
+// Validate reports the first field of cfg (with its defaults applied) the
+// relayer cannot run with: Common's (relay.Common.Validate, the same
+// message as the polling relay's), then its own.
+func (cfg Config) Validate() error {
+	if err := cfg.Common.Validate(); err != nil {
+		return err
+	}
+	cfg = cfg.WithDefaults()
+	if err := validNames(cfg.Slot, cfg.Publication); err != nil {
+		return err
+	}
 	if cfg.Linger > time.Second {
 		return fmt.Errorf("walrelay: Linger is %s; use at most 1s (a few milliseconds is enough to take in many transactions per read), or a negative value to turn it off", cfg.Linger)
 	}
 	for _, f := range []struct {
 		name string
-		d    *time.Duration
-		def  time.Duration
+		d    time.Duration
 	}{
-		{"StatusInterval", &cfg.StatusInterval, DefaultStatusInterval},
-		{"LeaderPollInterval", &cfg.LeaderPollInterval, DefaultLeaderPollInterval},
-		{"SlotBusyTimeout", &cfg.SlotBusyTimeout, DefaultSlotBusyTimeout},
-		{"BackoffMin", &cfg.BackoffMin, DefaultBackoffMin},
-		{"BackoffMax", &cfg.BackoffMax, DefaultBackoffMax},
-		{"UnknownTopicGrace", &cfg.UnknownTopicGrace, DefaultUnknownTopicGrace},
-		{"ShutdownTimeout", &cfg.ShutdownTimeout, relay.DefaultShutdownTimeout},
+		{"LeaderPollInterval", cfg.LeaderPollInterval},
+		{"SlotBusyTimeout", cfg.SlotBusyTimeout},
+		{"StatusInterval", cfg.StatusInterval},
+		{"UnknownTopicGrace", cfg.UnknownTopicGrace},
 	} {
-		if *f.d < 0 {
-			return fmt.Errorf("walrelay: %s is %s; use a positive duration, or 0 for the default", f.name, *f.d)
-		}
-		if *f.d == 0 {
-			*f.d = f.def
+		if f.d < 0 {
+			return fmt.Errorf("walrelay: %s is %s; use a positive duration, or 0 for the default", f.name, f.d)
 		}
 	}
 	if cfg.StatusInterval > MaxStatusInterval {
 		return fmt.Errorf("walrelay: StatusInterval is %s; use at most %s, or the server may end the stream (wal_sender_timeout) and the slot lags the broker", cfg.StatusInterval, MaxStatusInterval)
-	}
-	if cfg.BackoffMax < cfg.BackoffMin {
-		return fmt.Errorf("walrelay: BackoffMax (%s) is below BackoffMin (%s)", cfg.BackoffMax, cfg.BackoffMin)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	return nil
 }

@@ -44,20 +44,15 @@ func walSource() sourcetest.Source {
 			require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
 			return (*sourcetest.DB)(db)
 		},
-		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Publisher, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
+		Start: func(t *testing.T, db *sourcetest.DB, pub relay.Sink, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
 			t.Helper()
 			name := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 			r, err := walrelay.New(walrelay.Config{
-				Pool:               db.Pool,
-				Publisher:          pub,
-				Tables:             db.Tables,
-				BatchSize:          cfg.BatchSize,
+				Common:             relay.Common{Pool: db.Pool, Sink: pub, Tables: db.Tables, BatchSize: cfg.BatchSize, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: cfg.Logger},
 				StatusInterval:     200 * time.Millisecond,
 				LeaderPollInterval: 100 * time.Millisecond,
-				BackoffMin:         10 * time.Millisecond,
-				BackoffMax:         200 * time.Millisecond,
-				Name:               name,
-				Logger:             cfg.Logger,
+
+				Name: name,
 			})
 			require.NoError(t, err)
 			// Its own sessions: the leader lock's and the stream's
@@ -65,7 +60,7 @@ func walSource() sourcetest.Source {
 			apps := []string{"outbox-wal leader " + name, "outbox-wal stream " + name}
 			return sourcetest.Background(t, db, r.Run, apps, func() sourcetest.Stats {
 				s := r.Stats()
-				return sourcetest.Stats{Published: s.Published, FailedBatches: s.FailedBatches}
+				return sourcetest.Stats{Published: s.Dispatched, FailedBatches: s.FailedBatches}
 			})
 		},
 		Unacked:     slotInserts,

@@ -2,13 +2,18 @@
 // --mode wal`): it streams the outbox's committed inserts from a logical
 // replication slot (pgoutput) and publishes them with the same records,
 // keys, headers and topics as the polling relay (package relay), through
-// the same relay.Publisher. It never updates a row: no dispatched_at, no
+// the same relay.Sink. It never updates a row: no dispatched_at, no
 // dead tuple per event, no pending index to churn.
 //
 //	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
 //	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{})
-//	r, err := walrelay.New(walrelay.Config{Pool: pool, Publisher: pub})
+//	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: pool, Sink: pub}})
 //	err = r.Run(ctx) // until ctx is cancelled
+//
+// It is a relay.Source, configured with the relay.Common every source
+// shares: the same Hooks (ops.Metrics sees its batches and its parked
+// events), the same "send <topic>" spans linked to each event's Emit span,
+// and the same Stats shape as the polling relay.
 //
 // The server needs wal_level=logical, and the pool's role the REPLICATION
 // attribute. Run creates the publication (FOR TABLE the outbox, publish =

@@ -20,6 +20,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/tmppg"
 	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -123,14 +124,11 @@ func (b *bundle) relayer(t testing.TB, mod func(*walrelay.Config)) *walrelay.Rel
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	cfg := walrelay.Config{
-		Pool:               b.db.Pool,
-		Publisher:          kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"}),
-		Tables:             b.db.Tables,
+		Common:             relay.Common{Pool: b.db.Pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
 		StatusInterval:     200 * time.Millisecond,
 		LeaderPollInterval: 100 * time.Millisecond,
-		BackoffMin:         10 * time.Millisecond,
-		BackoffMax:         200 * time.Millisecond,
-		Messages:           true,
+
+		Messages: true,
 	}
 	if mod != nil {
 		mod(&cfg)

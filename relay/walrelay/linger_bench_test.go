@@ -126,8 +126,8 @@ COMMIT;
 	require.NoError(b, bu.db.Pool.QueryRow(ctx, "SELECT last_value FROM "+pgx.Identifier{bu.db.Tables.Schema, bu.db.Tables.Outbox + "_id_seq"}.Sanitize()).Scan(&m.events))
 	if r != nil {
 		deadline := time.Now().Add(30 * time.Second)
-		for r.Stats().Published < m.events {
-			require.True(b, time.Now().Before(deadline), "relayed %d of %d", r.Stats().Published, m.events)
+		for r.Stats().Dispatched < m.events {
+			require.True(b, time.Now().Before(deadline), "relayed %d of %d", r.Stats().Dispatched, m.events)
 			time.Sleep(time.Millisecond)
 		}
 		m.cpu, m.batches = cputime.Self()-c0, r.Stats().Batches

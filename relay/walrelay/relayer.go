@@ -14,9 +14,11 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/lockkey"
 	"github.com/pgoutbox/outbox/migrate"
+	"github.com/pgoutbox/outbox/relay"
 )
 
 // Relayer streams the outbox's committed inserts (and event messages) from
@@ -29,6 +31,8 @@ type Relayer struct {
 	parkSQL    string
 	parkRawSQL string
 	prefix     string
+	obs        *relay.Observer
+	routing    outbox.Routing // the Sink's, for TopicPrefix
 
 	// keepaliveAdvance acknowledges the server's WAL end from keepalives
 	// when nothing is unacknowledged; tests turn it off to show that the
@@ -37,6 +41,7 @@ type Relayer struct {
 
 	leading                                                        atomic.Bool
 	published, parked, dropped, batches, heartbeats, failedBatches atomic.Int64
+	claimed, permanent, transient                                  atomic.Int64
 	acked                                                          atomic.Uint64
 	// progress counts the moves of the acknowledged position: a lead
 	// that moved it is a success, which resets the backoff.
@@ -48,43 +53,31 @@ type Relayer struct {
 	warnedKeep    sync.Once
 }
 
-// Stats are cumulative counters since the relayer was created.
-type Stats struct {
-	// Published events the broker acknowledged (with duplicates re-sent
-	// after a restart or failover).
-	Published int64
-	// Parked events the broker refused for good or the relayer could not
-	// decode: moved to the parked table, the stream went on.
-	Parked int64
-	// Dropped logical messages with the outbox's prefix that were not
-	// events (non-transactional, message-mode events off, no id), and
-	// events that could be neither published nor
-	// parked (the parked table refused them with a data error, SQLSTATE
-	// class 22): logged, not published, not parked.
-	Dropped int64
-	// QueuedBytesMax is the most bytes (as MaxBatchBytes counts them) the
-	// leader has held read ahead of the batch out: at most about
-	// MaxBatchBytes plus one event.
-	QueuedBytesMax int64
-	// Batches published, and FailedBatches publish attempts that failed
-	// and backed off (broker or database unreachable); a leader stepping
-	// down is not counted.
-	Batches, FailedBatches int64
-	// Heartbeats read back from the stream.
-	Heartbeats int64
-	// AckedLSN is the last position acknowledged to the slot.
-	AckedLSN pglogrepl.LSN
-	// Leading is true while this relayer is the slot's reader.
-	Leading bool
-}
+// Stats are the relayer's cumulative counters: relay.Stats, of which the
+// WAL source fills every field.
+type Stats = relay.Stats
+
+// The WAL source is a relay.Source.
+var _ relay.Source = (*Relayer)(nil)
 
 // New validates cfg and applies its defaults.
 func New(cfg Config) (*Relayer, error) {
-	if err := cfg.applyDefaults(); err != nil {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	obs, err := relay.NewObserver(cfg.Common)
+	if err != nil {
+		return nil, err
+	}
+	routing, err := cfg.Routing()
+	if err != nil {
 		return nil, err
 	}
 	return &Relayer{
 		cfg:              cfg,
+		obs:              obs,
+		routing:          routing,
 		log:              cfg.Logger.With("outbox", cfg.Tables.OutboxIdent(), "slot", cfg.Slot),
 		parkSQL:          render(parkSQL, cfg.Tables),
 		parkRawSQL:       render(parkRawSQL, cfg.Tables),
@@ -99,9 +92,10 @@ func (r *Relayer) Config() Config { return r.cfg }
 // Stats returns the cumulative counters.
 func (r *Relayer) Stats() Stats {
 	return Stats{
-		Published: r.published.Load(), Parked: r.parked.Load(), Dropped: r.dropped.Load(),
-		Batches: r.batches.Load(), FailedBatches: r.failedBatches.Load(), Heartbeats: r.heartbeats.Load(),
-		AckedLSN: pglogrepl.LSN(r.acked.Load()), Leading: r.leading.Load(), QueuedBytesMax: r.queuedBytesMax.Load(),
+		Batches: r.batches.Load(), Claimed: r.claimed.Load(), Dispatched: r.published.Load(),
+		PermanentFailures: r.permanent.Load(), TransientFailures: r.transient.Load(), FailedBatches: r.failedBatches.Load(),
+		Parked: r.parked.Load(), Dropped: r.dropped.Load(), Heartbeats: r.heartbeats.Load(),
+		AckedLSN: r.acked.Load(), Leading: r.leading.Load(), QueuedBytesMax: r.queuedBytesMax.Load(),
 	}
 }
 
@@ -130,16 +124,18 @@ func (r *Relayer) Lag() time.Duration {
 // leader's stream still holding the slot are ridden out: it steps down
 // and stands by again.
 func (r *Relayer) Run(ctx context.Context) error {
-	m, err := migrate.New(r.cfg.Tables)
-	if err != nil {
-		return err
-	}
-	// Stopped while starting is a stop, not a failure (as relay.Run).
-	if err := m.Validate(ctx, r.cfg.Pool); err != nil {
-		if ctx.Err() != nil {
-			return nil
+	if !r.cfg.SkipSchemaCheck {
+		m, err := migrate.New(r.cfg.Tables)
+		if err != nil {
+			return err
 		}
-		return fmt.Errorf("walrelay: %w", err)
+		// Stopped while starting is a stop, not a failure (as relay.Run).
+		if err := m.Validate(ctx, r.cfg.Pool); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("walrelay: %w", err)
+		}
 	}
 	if err := checkWALLevel(ctx, r.cfg.Pool); err != nil {
 		if ctx.Err() != nil {

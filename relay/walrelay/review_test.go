@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"log/slog"
 	"strings"
 	"sync"
@@ -15,16 +16,19 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/kafkatest"
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
+	"github.com/pgoutbox/outbox/relay/sourcetest"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -57,7 +61,9 @@ func (b *bundle) emitMessage(t *testing.T, fields map[string]any) int64 {
 // recorder wraps a publisher, records what it was given, and can hold the
 // first call until released.
 type recorder struct {
-	inner relay.Publisher
+	fakesink.Kafka
+
+	inner relay.Sink
 
 	mu       sync.Mutex
 	ids      map[int64]int
@@ -71,7 +77,7 @@ type recorder struct {
 	gateOnce sync.Once
 }
 
-func newRecorder(inner relay.Publisher) *recorder {
+func newRecorder(inner relay.Sink) *recorder {
 	return &recorder{inner: inner, ids: map[int64]int{}, entered: make(chan struct{}), release: make(chan struct{})}
 }
 
@@ -107,7 +113,7 @@ func (p *recorder) sent(id int64) int {
 	return p.ids[id]
 }
 
-func (b *bundle) kafkaPublisher(t *testing.T) relay.Publisher {
+func (b *bundle) kafkaPublisher(t *testing.T) relay.Sink {
 	t.Helper()
 	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.broker.Addr()},
 		Opts: []kgo.Opt{kgo.RecordDeliveryTimeout(5 * time.Second)}})
@@ -170,7 +176,7 @@ func TestMaxBatchBytesBoundsBatchesAndQueue(t *testing.T) {
 	const limit = 64 << 10
 	rec := newRecorder(b.kafkaPublisher(t))
 	r := b.relayer(t, func(c *walrelay.Config) {
-		c.Publisher = rec
+		c.Sink = rec
 		c.MaxBatchBytes = limit
 	})
 	ctx := context.Background()
@@ -217,7 +223,7 @@ func TestUnknownTopicIsRetriedWithinGraceInvalidNameParkedAtOnce(t *testing.T) {
 	t.Cleanup(client.Close)
 	pub := kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
 
-	r := b.relayer(t, func(c *walrelay.Config) { c.Publisher = pub; c.UnknownTopicGrace = time.Hour })
+	r := b.relayer(t, func(c *walrelay.Config) { c.Sink = pub; c.UnknownTopicGrace = time.Hour })
 	run(t, r)
 	waitLeading(t, r)
 	waiting := b.insert(t, "invoice.sent", `{}`)
@@ -263,7 +269,7 @@ func TestUnknownTopicPastGraceIsParked(t *testing.T) {
 	_, err = kadm.NewClient(client).CreateTopic(ctx, 1, 1, nil, "order")
 	require.NoError(t, err)
 	r := b.relayer(t, func(cfg *walrelay.Config) {
-		cfg.Publisher = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
+		cfg.Sink = kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: "wal"})
 		cfg.UnknownTopicGrace = time.Millisecond
 	})
 	run(t, r)
@@ -293,7 +299,7 @@ func TestStopLetsTheBatchInFlightFinish(t *testing.T) {
 	b := setup(t)
 	rec := newRecorder(b.kafkaPublisher(t))
 	rec.gate = true
-	r := b.relayer(t, func(c *walrelay.Config) { c.Publisher = rec })
+	r := b.relayer(t, func(c *walrelay.Config) { c.Sink = rec })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -317,17 +323,17 @@ func TestStopLetsTheBatchInFlightFinish(t *testing.T) {
 		t.Fatal("Run did not return")
 	}
 	st := r.Stats()
-	require.EqualValues(t, len(held), st.Published, "the batch in flight was cut short")
+	require.EqualValues(t, len(held), st.Dispatched, "the batch in flight was cut short")
 	require.Eventually(t, func() bool {
 		var confirmed string
 		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, b.slot).Scan(&confirmed))
 		lsn, err := pglogrepl.ParseLSN(confirmed)
 		require.NoError(t, err)
-		return lsn >= st.AckedLSN
+		return lsn >= pglogrepl.LSN(st.AckedLSN)
 	}, 10*time.Second, 20*time.Millisecond, "the slot was not told")
 
 	rec2 := newRecorder(b.kafkaPublisher(t))
-	r2 := b.relayer(t, func(c *walrelay.Config) { c.Publisher = rec2 })
+	r2 := b.relayer(t, func(c *walrelay.Config) { c.Sink = rec2 })
 	run(t, r2)
 	next := b.insert(t, "order.placed", `{}`)
 	require.Eventually(t, func() bool { return rec2.sent(next) > 0 }, 20*time.Second, 20*time.Millisecond)
@@ -405,12 +411,12 @@ func TestUnparkableEventIsDroppedAndStreamGoesOn(t *testing.T) {
 // Intervals out of range are refused; a tiny LeaderPollInterval works.
 func TestConfigLimits(t *testing.T) {
 	t.Parallel()
-	_, err := walrelay.New(walrelay.Config{Pool: nil})
+	_, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: nil}})
 	require.Error(t, err)
 	b := setup(t)
-	_, err = walrelay.New(walrelay.Config{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables, StatusInterval: time.Minute})
+	_, err = walrelay.New(walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables}, StatusInterval: time.Minute})
 	require.ErrorContains(t, err, "StatusInterval")
-	r, err := walrelay.New(walrelay.Config{Pool: b.db.Pool, Publisher: nopPublisher{}, Tables: b.db.Tables})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: b.db.Pool, Sink: nopPublisher{}, Tables: b.db.Tables}})
 	require.NoError(t, err)
 	require.Equal(t, relay.DefaultMaxBatchBytes, r.Config().MaxBatchBytes)
 	require.Equal(t, relay.DefaultShutdownTimeout, r.Config().ShutdownTimeout)
@@ -422,4 +428,18 @@ func TestConfigLimits(t *testing.T) {
 	id := b.insert(t, "order.placed", `{}`)
 	recs := kafkatest.Read(t, b.broker.Addr(), 20*time.Second, kafkatest.AtLeast(1), "order")
 	require.Equal(t, id, kafkatest.EventID(recs[0]))
+}
+
+// The WAL source refuses the shared fields' bad values with the words of
+// relay.Common.Validate, as the polling relay does.
+func TestConfigRefusesBadCommons(t *testing.T) {
+	t.Parallel()
+	// pgxpool connects lazily: New never talks to the server.
+	pool, err := pgxpool.New(context.Background(), pgtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	sourcetest.RefusesBadCommons(t, pool, nopPublisher{}, func(c relay.Common) error {
+		_, err := walrelay.New(walrelay.Config{Common: c})
+		return err
+	})
 }

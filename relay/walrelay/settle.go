@@ -52,6 +52,7 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 		}
 		failures++
 		r.failedBatches.Add(1)
+		r.obs.BatchError(transient)
 		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
 		r.log.Warn("wal relay publish failed; retrying the unacknowledged events in order", "err", transient, "events", len(items), "attempt", failures, "retry_in", d.Round(time.Millisecond))
 		if !backoff.Sleep(sleepCtx, d) {
@@ -69,6 +70,7 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 // not decoded). It returns the items left to publish, in their order, and
 // the error to back off for before the next round (nil: go on at once).
 func (r *Relayer) publishRound(ctx context.Context, items []item, unknownSince *map[int64]time.Time) ([]item, error) {
+	start := time.Now()
 	var park []item
 	send := make([]relay.Message, 0, len(items))
 	sendIdx := make([]int, 0, len(items))
@@ -80,16 +82,7 @@ func (r *Relayer) publishRound(ctx context.Context, items []item, unknownSince *
 		send = append(send, items[i].msg)
 		sendIdx = append(sendIdx, i)
 	}
-	var errs []error
-	if len(send) > 0 {
-		errs = r.cfg.Publisher.Publish(ctx, send)
-		if len(errs) != len(send) {
-			errs = make([]error, len(send))
-			for i := range errs {
-				errs[i] = fmt.Errorf("publisher returned a wrong number of results")
-			}
-		}
-	}
+	errs := r.publish(ctx, send)
 	var (
 		again     []item
 		ok        int64
@@ -121,8 +114,10 @@ func (r *Relayer) publishRound(ctx context.Context, items []item, unknownSince *
 		}
 	}
 	r.published.Add(ok)
+	var notParked []item
 	if len(park) > 0 {
 		if rest, err := r.parkOrDrop(ctx, park); err != nil {
+			notParked = rest
 			// Not parked: they go round again, in their place.
 			again = mergeInOrder(items, again, rest)
 			if transient == nil {
@@ -130,6 +125,7 @@ func (r *Relayer) publishRound(ctx context.Context, items []item, unknownSince *
 			}
 		}
 	}
+	r.observe(start, len(items), send, errs, park, notParked)
 	return again, transient
 }
 

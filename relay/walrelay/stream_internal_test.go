@@ -29,7 +29,7 @@ func TestStatusIsDueSoonAfterAnUntoldAcknowledgement(t *testing.T) {
 func TestQueueLingersOnlyWhileBehindAndBelowTheBatchBounds(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
-	st := &streamer{r: &Relayer{cfg: Config{BatchSize: 3, MaxBatchBytes: 1 << 20}}}
+	st := &streamer{r: &Relayer{cfg: Config{Common: relay.Common{BatchSize: 3, MaxBatchBytes: 1 << 20}}}}
 	require.False(t, st.lingering(now), "nothing queued")
 	st.enqueue(item{msg: relay.Message{ID: 1, Payload: []byte(`{}`)}})
 	st.queuedAt = now

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgoutbox/outbox/internal/fakesink"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -253,7 +254,7 @@ func TestReplicaWALLevelIsAClearError(t *testing.T) {
 	if level == "logical" {
 		t.Skip("skipped: the default server has wal_level=logical; this test needs one without")
 	}
-	r, err := walrelay.New(walrelay.Config{Pool: db.Pool, Publisher: nopPublisher{}, Tables: db.Tables})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: db.Pool, Sink: nopPublisher{}, Tables: db.Tables}})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -292,8 +293,8 @@ func TestHeartbeatAdvancesSlotWhileOtherTableChurns(t *testing.T) {
 	st := r.Stats()
 	require.Positive(t, st.Heartbeats)
 	require.Greater(t, st.AckedLSN, start)
-	require.Zero(t, st.Published)
-	t.Logf("%d churn statements, %d heartbeats, slot from %s to %s", written, st.Heartbeats, start, st.AckedLSN)
+	require.Zero(t, st.Dispatched)
+	t.Logf("%d churn statements, %d heartbeats, slot from %#x to %#x", written, st.Heartbeats, start, st.AckedLSN)
 }
 
 // A record the broker refuses for good (here: headers the relayer sets
@@ -364,7 +365,7 @@ func TestLostSlotIsAClearError(t *testing.T) {
 		require.NoError(t, err)
 		return l.WALStatus == "lost"
 	}, 60*time.Second, 10*time.Millisecond, "the slot is never invalidated")
-	r, err := walrelay.New(walrelay.Config{Pool: db.Pool, Publisher: nopPublisher{}, Tables: db.Tables})
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: db.Pool, Sink: nopPublisher{}, Tables: db.Tables}})
 	require.NoError(t, err)
 	err = r.Run(ctx)
 	require.ErrorIs(t, err, walrelay.ErrSlotLost)
@@ -372,7 +373,7 @@ func TestLostSlotIsAClearError(t *testing.T) {
 	require.True(t, strings.Contains(err.Error(), "--teardown"), err.Error())
 }
 
-type nopPublisher struct{}
+type nopPublisher struct{ fakesink.Kafka }
 
 func (nopPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	return make([]error, len(msgs))
@@ -380,7 +381,10 @@ func (nopPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 
 // refusingPublisher fails every message with a transient error, keeping
 // the stream's events unacknowledged.
-type refusingPublisher struct{ calls atomic.Int64 }
+type refusingPublisher struct {
+	fakesink.Kafka
+	calls atomic.Int64
+}
 
 func (p *refusingPublisher) Publish(_ context.Context, msgs []relay.Message) []error {
 	p.calls.Add(1)
@@ -402,7 +406,7 @@ func TestMessageBeforeACommitDoesNotSkipItsTransaction(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	refusing := &refusingPublisher{}
-	r1 := b.relayer(t, func(c *walrelay.Config) { c.Publisher = refusing })
+	r1 := b.relayer(t, func(c *walrelay.Config) { c.Sink = refusing })
 	stop1 := run(t, r1)
 	waitLeading(t, r1)
 

@@ -4,11 +4,12 @@
 // and acknowledges a message only once its line is on disk (fsync).
 //
 // It is the proof that the sink seam needs nothing private: it implements
-// relay.Publisher, passes relay/sinktest, and relays with both sources
+// relay.Sink (with an outbox.Routing of its own, unlike Kafka's), passes
+// relay/sinktest, and relays with both sources
 // (relay.New and walrelay.New).
 //
 //	sink, err := filesink.New(filesink.Config{Dir: "/var/lib/outbox"})
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: sink})
+//	r, err := relay.New(relay.Config{Pool: pool, Sink: sink})
 package filesink
 
 import (
@@ -21,11 +22,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -164,6 +167,48 @@ func (s *Sink) Publish(ctx context.Context, msgs []relay.Message) []error {
 	}
 	flush()
 	return errs
+}
+
+// Routing routes an event type to the file named by prefix and the type
+// up to its first '.': "order.placed" goes to order.jsonl. Producers that
+// write for this sink pass the same routing (outbox.Config.Routing), so
+// that Emit refuses what the sink would.
+func (s *Sink) Routing(prefix string) (outbox.Routing, error) {
+	if prefix != "" && !validDest.MatchString(prefix+"x") {
+		return nil, fmt.Errorf("filesink: prefix %q cannot start a file name (letters, digits, '.', '_', '-')", prefix)
+	}
+	return routing{prefix: prefix, maxBytes: s.maxBytes}, nil
+}
+
+// ErrorCode names Publish's errors for metrics: the hold reason of a
+// permanent one, "io" for a failed write.
+func (s *Sink) ErrorCode(err error) string {
+	if relay.IsPermanent(err) {
+		return relay.ReasonOf(err)
+	}
+	return "io"
+}
+
+// routing is the sink's outbox.Routing.
+type routing struct {
+	prefix   string
+	maxBytes int
+}
+
+func (r routing) Destination(eventType string) (string, error) {
+	base, _, _ := strings.Cut(eventType, ".")
+	dest := r.prefix + base
+	if base == "" || !validDest.MatchString(dest) {
+		return "", fmt.Errorf("%w: type %q routes to %q, which is not a file name (letters, digits, '.', '_', '-'; at most 200)", outbox.ErrInvalidTopic, eventType, dest)
+	}
+	return dest, nil
+}
+
+// Size is the payload's: the sink limits payloads, not lines.
+func (r routing) Size(_ string, payloadLen int, _ map[string]string) int { return payloadLen }
+
+func (r routing) Limit() outbox.SizeLimit {
+	return outbox.SizeLimit{Bytes: r.maxBytes, Unit: "a payload", Seen: "as the file sink writes it", Raise: "filesink's Config.MaxBytes"}
 }
 
 // check refuses, permanently, what no retry will write.

@@ -39,9 +39,9 @@ func TestPollingRelay(t *testing.T) {
 	if url == "" {
 		url = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	}
-	o := newOutbox(t, url)
 	sink := newSink(t)
-	r, err := relay.New(relay.Config{Pool: o.pool, Publisher: sink, Tables: o.tables, PollInterval: 50 * time.Millisecond})
+	o := newOutbox(t, url, sink)
+	r, err := relay.New(relay.Config{Common: relay.Common{Pool: o.pool, Sink: sink, Tables: o.tables}, PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,8 @@ func TestWALRelay(t *testing.T) {
 		}
 		t.Skipf("skipped: %s is not set; the WAL test needs a server with wal_level=logical (the outbox module's TestOutOfTreeSink starts one and sets it)", LogicalURLEnv)
 	}
-	o := newOutbox(t, url)
+	sink := newSink(t)
+	o := newOutbox(t, url, sink)
 	slot := walrelay.DefaultNameOf(o.pool, o.tables)
 	ctx := context.Background()
 	// The slot exists before the first event: what is committed before it
@@ -83,8 +84,7 @@ func TestWALRelay(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	})
-	sink := newSink(t)
-	r, err := walrelay.New(walrelay.Config{Pool: o.pool, Publisher: sink, Tables: o.tables, Slot: slot, Publication: slot,
+	r, err := walrelay.New(walrelay.Config{Common: relay.Common{Pool: o.pool, Sink: sink, Tables: o.tables}, Slot: slot, Publication: slot,
 		StatusInterval: 200 * time.Millisecond, LeaderPollInterval: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +109,9 @@ type testOutbox struct {
 	producer *outbox.Producer
 }
 
-func newOutbox(t *testing.T, url string) *testOutbox {
+// newOutbox's producer routes with sink's routing, as producers that
+// write for a sink do.
+func newOutbox(t *testing.T, url string, sink *filesink.Sink) *testOutbox {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -139,7 +141,11 @@ func newOutbox(t *testing.T, url string) *testOutbox {
 	if _, err := m.Up(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	p, err := outbox.NewProducer(outbox.Config{Tables: tables})
+	routing, err := sink.Routing("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := outbox.NewProducer(outbox.Config{Tables: tables, Routing: routing})
 	if err != nil {
 		t.Fatal(err)
 	}

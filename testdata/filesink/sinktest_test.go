@@ -23,7 +23,7 @@ func TestSinkConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		return &sinktest.Sink{
-			Publisher:       sink,
+			Sink:            sink,
 			Read:            func(t *testing.T, dest string, _ int) []sinktest.Delivered { return delivered(t, sink, dest) },
 			MaxBytes:        64 << 10,
 			FailDestination: func(t *testing.T, dest string) func() { return blockPath(t, sink.Path(dest)) },

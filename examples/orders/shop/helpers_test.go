@@ -109,12 +109,8 @@ func (b *bundle) relayer(t *testing.T) *relay.Relayer {
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
 	r, err := relay.New(relay.Config{
-		Pool:         b.db.Pool,
-		Publisher:    kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
-		Tables:       b.db.Tables,
+		Common:       relay.Common{Pool: b.db.Pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}), Tables: b.db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond},
 		PollInterval: 20 * time.Millisecond,
-		BackoffMin:   10 * time.Millisecond,
-		BackoffMax:   200 * time.Millisecond,
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,55 +1,60 @@
-package ops
+package consumermetrics
 
 import (
-	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgoutbox/outbox/consumer"
+	"github.com/pgoutbox/outbox/internal/health"
 )
 
-// ConsumerMetrics are a consumer process's Prometheus metrics: the
-// consumer's Stats counters, read at scrape time and labelled with the
-// consumer name, on a registry of their own with the Go runtime and process
-// collectors.
+// Metrics are a consumer process's Prometheus metrics: the consumer's
+// Stats counters, read at scrape time and labelled with the consumer name,
+// on a registry of their own with the Go runtime and process collectors;
+// with WatchLag, the group's lag per partition.
 //
 //	cons, err := consumer.New(cfg)
-//	m := ops.NewConsumerMetrics(cfg.Name, cons.Stats)
-//	go http.ListenAndServe("127.0.0.1:9091", m.Handler())
+//	m := consumermetrics.New(cfg.Name, cons.Stats)
+//	m.WatchLag(cfg.Group, kadm.NewClient(adminClient))
+//	go http.ListenAndServe("127.0.0.1:9091", m.Handler(consumermetrics.ReadyCheck{Name: "database", Check: pool.Ping}))
 //
-// Note that package ops also holds the relayer's metrics, so a service
-// that imports it links the relay package too.
-type ConsumerMetrics struct {
-	reg *prometheus.Registry
+// The package links the consumer and Prometheus, and nothing of the relay.
+type Metrics struct {
+	name string
+	reg  *prometheus.Registry
 }
 
-// NewConsumerMetrics registers a collector of stats, labelled
-// consumer=name, on a fresh registry. stats is called once per scrape and
-// must be safe to call concurrently with the consumer (Consumer.Stats is).
-func NewConsumerMetrics(name string, stats func() consumer.Stats) *ConsumerMetrics {
+// New registers a collector of stats, labelled consumer=name, on a fresh
+// registry. stats is called once per scrape and must be safe to call
+// concurrently with the consumer (Consumer.Stats is).
+func New(name string, stats func() consumer.Stats) *Metrics {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
 	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(NewConsumerCollector(name, stats))
-	return &ConsumerMetrics{reg: reg}
+	reg.MustRegister(NewCollector(name, stats))
+	return &Metrics{name: name, reg: reg}
 }
 
 // Registry is where the metrics live; register your own collectors on it
 // to serve them on the same endpoint.
-func (m *ConsumerMetrics) Registry() *prometheus.Registry { return m.reg }
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves /metrics and /healthz (the process answers).
-func (m *ConsumerMetrics) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
+// ReadyCheck is one readiness condition of /readyz: a Name, e.g.
+// "broker", and a Check func that returns nil when ready.
+type ReadyCheck = health.Check
+
+// DefaultCheckTimeout bounds each readiness check of Handler.
+const DefaultCheckTimeout = 2 * time.Second
+
+// Handler serves /metrics, /healthz (the process answers) and /readyz
+// (every check answers nil within DefaultCheckTimeout; 503 with the
+// reasons otherwise; ready when there is no check).
+func (m *Metrics) Handler(checks ...ReadyCheck) http.Handler {
+	return health.Handler(promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}), checks, DefaultCheckTimeout)
 }
 
 // consumerCounter is one counter of consumer.Stats.
@@ -66,12 +71,12 @@ type consumerCollector struct {
 	counters []consumerCounter
 }
 
-// NewConsumerCollector returns a collector of the counters of stats,
-// labelled consumer=name: outbox_consumer_records_total,
-// _processed_total, _duplicates_total, _dead_letters_total,
-// _malformed_total, _dead_letter_dropped_total and _retries_total. Register
-// it on a registry of your own; NewConsumerMetrics does.
-func NewConsumerCollector(name string, stats func() consumer.Stats) prometheus.Collector {
+// NewCollector returns a collector of the counters of stats, labelled
+// consumer=name: outbox_consumer_records_total, _processed_total,
+// _duplicates_total, _dead_letters_total, _malformed_total,
+// _dead_letter_dropped_total and _retries_total. Register it on a registry
+// of your own; New does.
+func NewCollector(name string, stats func() consumer.Stats) prometheus.Collector {
 	c := &consumerCollector{stats: stats}
 	add := func(metric, help string, value func(consumer.Stats) int64) {
 		c.counters = append(c.counters, consumerCounter{

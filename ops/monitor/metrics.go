@@ -1,17 +1,14 @@
-package ops
+package monitor
 
 import (
-	"context"
-	"errors"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -21,7 +18,7 @@ import (
 // Config.Hooks and they count its batches, publish failures and holds.
 // SetLag and ObserveCleanup feed the rest; a Monitor does that.
 //
-//	r, err := relay.New(relay.Config{Pool: pool, Publisher: pub, Hooks: []relay.Hook{mon.Metrics()}})
+//	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: pub, Hooks: []relay.Hook{mon.Metrics()}}})
 type Metrics struct {
 	reg *prometheus.Registry
 
@@ -50,18 +47,14 @@ var (
 	_ relay.BatchErrorHook     = (*Metrics)(nil)
 )
 
-// Label values of outbox_publish_errors_total that are not Kafka error
-// names.
+// Label values of outbox_publish_errors_total that are not the sink's
+// (relay.Sink.ErrorCode).
 const (
 	// CodeRejectedByRelay: the relayer refused the row before sending it
 	// (headers it cannot decode, a type routing to no valid topic).
 	CodeRejectedByRelay = "rejected_by_relay"
-	codeTimeout         = "timeout"
-	codeRetries         = "retries_exhausted"
-	codeCanceled        = "canceled"
-	codeClientClosed    = "client_closed"
-	codeBufferFull      = "buffer_full"
-	codeOther           = "other"
+	// codeOther: a sink that named no code.
+	codeOther = "other"
 )
 
 // NewMetrics builds the metrics on a fresh registry, with the Go runtime
@@ -78,7 +71,7 @@ func NewMetrics() *Metrics {
 	}, []string{"topic"})).(*prometheus.CounterVec)
 	m.publishErrors = f(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "outbox_publish_errors_total",
-		Help: "Events not published, by kind (permanent: held out, needs a person; transient: retried) and code (the Kafka error name, rejected_by_relay, timeout, ...).",
+		Help: "Events not published, by kind (permanent: held out, needs a person; transient: retried) and code (the sink's error name, e.g. Kafka's, rejected_by_relay, timeout, ...).",
 	}, []string{"kind", "code"})).(*prometheus.CounterVec)
 	m.batchSize = f(prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "outbox_batch_size_events",
@@ -141,43 +134,25 @@ func (m *Metrics) Handler() http.Handler {
 }
 
 // OnPublishFailure counts a row that failed, by kind (permanent,
-// transient) and code; it is a relay.PublishFailureHook.
+// transient) and code: the sink's name for the error (f.Code), or
+// CodeRejectedByRelay; it is a relay.PublishFailureHook.
 func (m *Metrics) OnPublishFailure(f relay.PublishFailure) {
 	kind := "transient"
 	if relay.IsPermanent(f.Err) {
 		kind = "permanent"
 	}
-	code := CodeRejectedByRelay
-	if !f.Refused {
-		code = errorCode(f.Err)
+	code := f.Code
+	switch {
+	case f.Refused:
+		code = CodeRejectedByRelay
+	case code == "":
+		code = codeOther
 	}
 	m.publishErrors.WithLabelValues(kind, code).Inc()
 }
 
 // OnBatchError counts a failed batch; it is a relay.BatchErrorHook.
 func (m *Metrics) OnBatchError(error) { m.failedBatches.Inc() }
-
-// errorCode names a publish error for the code label: the Kafka protocol
-// error name when the broker sent one (MESSAGE_TOO_LARGE, ...), else a
-// client-side cause. The set is bounded, as a label's values must be.
-func errorCode(err error) string {
-	var ke *kerr.Error
-	switch {
-	case errors.As(err, &ke):
-		return ke.Message
-	case errors.Is(err, kgo.ErrRecordTimeout), errors.Is(err, context.DeadlineExceeded):
-		return codeTimeout
-	case errors.Is(err, kgo.ErrRecordRetries):
-		return codeRetries
-	case errors.Is(err, context.Canceled), errors.Is(err, kgo.ErrAborting):
-		return codeCanceled
-	case errors.Is(err, kgo.ErrClientClosed):
-		return codeClientClosed
-	case errors.Is(err, kgo.ErrMaxBuffered):
-		return codeBufferFull
-	}
-	return codeOther
-}
 
 // OnBatch records a committed batch: its rows dispatched by topic, its
 // holds, its size, duration and latencies. It is a relay.BatchHook.
@@ -197,7 +172,7 @@ func (m *Metrics) OnBatch(res relay.BatchResult) {
 }
 
 // SetLag sets the pending, stuck and lag gauges, and the SLO flag.
-func (m *Metrics) SetLag(l Lag, maxLag time.Duration) {
+func (m *Metrics) SetLag(l ops.Lag, maxLag time.Duration) {
 	m.pending.Set(float64(l.Pending))
 	m.stuck.Set(float64(l.Stuck))
 	m.oldestAge.Set(l.OldestPendingAge.Seconds())
@@ -214,7 +189,7 @@ func (m *Metrics) SetLag(l Lag, maxLag time.Duration) {
 }
 
 // ObserveCleanup counts a finished cleanup's deletions.
-func (m *Metrics) ObserveCleanup(res CleanupResult) {
+func (m *Metrics) ObserveCleanup(res ops.CleanupResult) {
 	m.cleanupDeleted.WithLabelValues("outbox").Add(float64(res.Outbox.Deleted))
 	m.cleanupDeleted.WithLabelValues("processed").Add(float64(res.Processed.Deleted))
 	m.cleanupLast.SetToCurrentTime()

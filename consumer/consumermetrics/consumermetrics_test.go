@@ -1,4 +1,4 @@
-package ops_test
+package consumermetrics_test
 
 import (
 	"io"
@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/consumer"
-	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/consumer/consumermetrics"
 )
 
 // The consumer's counters are read at scrape time, each under its own name
@@ -25,7 +25,7 @@ func TestConsumerMetricsReadStatsAtScrape(t *testing.T) {
 		n := calls.Add(1)
 		return consumer.Stats{Records: 10 * n, Processed: 7, Duplicates: 2, DeadLettered: 3, Malformed: 1, DeadLetterDropped: 4, Retries: 5}
 	}
-	m := ops.NewConsumerMetrics("loyalty", stats)
+	m := consumermetrics.New("loyalty", stats)
 	srv := httptest.NewServer(m.Handler())
 	t.Cleanup(srv.Close)
 
@@ -61,7 +61,7 @@ func TestConsumerMetricsReadStatsAtScrape(t *testing.T) {
 
 	// Describe and Collect agree: a pedantic registry checks it at gather.
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(ops.NewConsumerCollector("x", func() consumer.Stats { return consumer.Stats{} }))
+	reg.MustRegister(consumermetrics.NewCollector("x", func() consumer.Stats { return consumer.Stats{} }))
 	families, err := reg.Gather()
 	require.NoError(t, err)
 	require.Len(t, families, 7)

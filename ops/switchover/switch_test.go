@@ -1,4 +1,4 @@
-package ops_test
+package switchover_test
 
 import (
 	"context"
@@ -18,8 +18,10 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
+	"github.com/pgoutbox/outbox/internal/opstest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/switchover"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 	"github.com/pgoutbox/outbox/relay/walrelay"
@@ -30,7 +32,7 @@ import (
 // publication, whoever creates them, are dropped when the test ends.
 func switchSetup(t *testing.T) (*bundle, string) {
 	t.Helper()
-	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: needLogical(t, "the switch tests")})
+	db := pgtest.New(t, pgtest.Options{MaxConns: 6, ServerURL: opstest.NeedLogical(t, "the switch tests")})
 	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
 	t.Cleanup(func() {
 		// The relayers stopped by now (cleanups run in reverse); their
@@ -46,13 +48,13 @@ func switchSetup(t *testing.T) (*bundle, string) {
 	t.Cleanup(b.Close)
 	p, err := outbox.NewProducer(outbox.Config{Tables: db.Tables})
 	require.NoError(t, err)
-	return &bundle{db: db, broker: b, producer: p}, slot
+	return &bundle{&opstest.Bundle{DB: db, Broker: b, Producer: p}}, slot
 }
 
 // gate holds every Publish until it is opened: a broker that does not
 // answer, as far as the relayer can tell.
 type gate struct {
-	relay.Publisher
+	relay.Sink
 	open chan struct{}
 	once sync.Once
 }
@@ -60,7 +62,7 @@ type gate struct {
 func (g *gate) Publish(ctx context.Context, msgs []relay.Message) []error {
 	select {
 	case <-g.open:
-		return g.Publisher.Publish(ctx, msgs)
+		return g.Sink.Publish(ctx, msgs)
 	case <-ctx.Done():
 		errs := make([]error, len(msgs))
 		for i := range errs {
@@ -74,31 +76,31 @@ func (g *gate) release() { g.once.Do(func() { close(g.open) }) }
 
 // runWAL runs a WAL relayer on the bundle's outbox (it creates the slot
 // when missing) and waits until it streams; stop ends it as SIGTERM does.
-func (b *bundle) runWAL(t *testing.T, pub relay.Publisher, mod func(*walrelay.Config)) (stop func()) {
+func (b *bundle) runWAL(t *testing.T, pub relay.Sink, mod func(*walrelay.Config)) (stop func()) {
 	t.Helper()
-	cfg := walrelay.Config{Pool: b.db.Pool, Publisher: pub, Tables: b.db.Tables, ShutdownTimeout: 5 * time.Second,
-		LeaderPollInterval: 100 * time.Millisecond, Logger: testLogger(t)}
+	cfg := walrelay.Config{Common: relay.Common{Pool: b.DB.Pool, Sink: pub, Tables: b.DB.Tables, ShutdownTimeout: 5 * time.Second, Logger: opstest.Logger(t)},
+		LeaderPollInterval: 100 * time.Millisecond}
 	if mod != nil {
 		mod(&cfg)
 	}
 	r, err := walrelay.New(cfg)
 	require.NoError(t, err)
-	stop = start(t, func(ctx context.Context) { require.NoError(t, r.Run(ctx)) })
-	slot := walrelay.DefaultNameOf(b.db.Pool, b.db.Tables)
+	stop = opstest.Start(t, func(ctx context.Context) { require.NoError(t, r.Run(ctx)) })
+	slot := walrelay.DefaultNameOf(b.DB.Pool, b.DB.Tables)
 	require.Eventually(t, func() bool {
-		s, found, err := ops.ReadWALSlot(context.Background(), b.db.Pool, slot)
+		s, found, err := ops.ReadWALSlot(context.Background(), b.DB.Pool, slot)
 		return err == nil && found && s.Active && s.ConfirmedFlushLSN != "0/0"
 	}, 30*time.Second, 20*time.Millisecond, "the WAL relayer never streamed the slot")
 	return stop
 }
 
-func (b *bundle) publisher(t *testing.T) relay.Publisher {
-	return kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{})
+func (b *bundle) publisher(t *testing.T) relay.Sink {
+	return kafkapub.NewPublisher(b.Client(t), kafkapub.PublisherConfig{})
 }
 
 func (b *bundle) ids(t *testing.T, where string) []int64 {
 	t.Helper()
-	rows, err := b.db.Pool.Query(context.Background(), "SELECT id FROM "+b.db.Tables.OutboxIdent()+" WHERE "+where+" ORDER BY id")
+	rows, err := b.DB.Pool.Query(context.Background(), "SELECT id FROM "+b.DB.Tables.OutboxIdent()+" WHERE "+where+" ORDER BY id")
 	require.NoError(t, err)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
@@ -116,34 +118,34 @@ func TestPrepareSwitchToWALWaitsForThePollingRelay(t *testing.T) {
 	ctx := context.Background()
 	var last int64
 	for range 20 {
-		last = b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
+		last = b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
 	}
 	var (
 		mu       sync.Mutex
-		progress []ops.DrainProgress
+		progress []switchover.DrainProgress
 	)
 	done := make(chan struct{})
-	var res ops.SwitchToWALResult
+	var res switchover.SwitchToWALResult
 	var err error
 	go func() {
 		defer close(done)
-		res, err = ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables, Timeout: time.Minute, ProgressInterval: 100 * time.Millisecond,
-			Progress: func(p ops.DrainProgress) { mu.Lock(); progress = append(progress, p); mu.Unlock() }})
+		res, err = switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables, Timeout: time.Minute, ProgressInterval: 100 * time.Millisecond,
+			Progress: func(p switchover.DrainProgress) { mu.Lock(); progress = append(progress, p); mu.Unlock() }})
 	}()
 	// No relayer yet: it waits, and says what for.
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(progress) > 0 }, 10*time.Second, 10*time.Millisecond)
 	mu.Lock()
-	require.Equal(t, ops.DrainProgress{Cut: last, Pending: 20, Elapsed: progress[0].Elapsed}, progress[0])
+	require.Equal(t, switchover.DrainProgress{Cut: last, Pending: 20, Elapsed: progress[0].Elapsed}, progress[0])
 	mu.Unlock()
 	select {
 	case <-done:
 		t.Fatalf("returned with rows up to the cut pending: %v", err)
 	default:
 	}
-	cl := b.client(t)
-	r, rerr := relay.New(b.relayConfig(t, cl))
+	cl := b.Client(t)
+	r, rerr := relay.New(b.RelayConfig(t, cl))
 	require.NoError(t, rerr)
-	runRelayer(t, r)
+	opstest.RunRelayer(t, r)
 	<-done
 	require.NoError(t, err)
 	require.Equal(t, last, res.Cut)
@@ -151,19 +153,19 @@ func TestPrepareSwitchToWALWaitsForThePollingRelay(t *testing.T) {
 	require.True(t, res.Setup.SlotCreated && res.Setup.PublicationCreated, "%+v", res.Setup)
 	require.Equal(t, slot, res.Setup.Slot)
 	require.NotEqual(t, "0/0", res.Setup.SlotLSN)
-	require.Zero(t, b.count(t, "dispatched_at IS NULL"))
+	require.Zero(t, b.Count(t, "dispatched_at IS NULL"))
 
 	// Idempotent: both exist, nothing is pending.
-	again, err := ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables})
+	again, err := switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables})
 	require.NoError(t, err)
 	require.False(t, again.Setup.SlotCreated || again.Setup.PublicationCreated, "%+v", again.Setup)
 	require.Equal(t, res.Setup.SlotLSN, again.Setup.SlotLSN)
 
 	// The publication is marked: a slot that disappears is not silently
 	// created again by the relay (it would skip what was committed).
-	b.exec(t, `SELECT pg_drop_replication_slot($1)`, slot)
-	require.ErrorIs(t, walrelay.Setup(ctx, b.db.Pool, b.db.Tables, slot, slot), walrelay.ErrSlotLost)
-	_, err = ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables})
+	b.Exec(t, `SELECT pg_drop_replication_slot($1)`, slot)
+	require.ErrorIs(t, walrelay.Setup(ctx, b.DB.Pool, b.DB.Tables, slot, slot), walrelay.ErrSlotLost)
+	_, err = switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables})
 	require.ErrorIs(t, err, walrelay.ErrSlotLost)
 }
 
@@ -176,18 +178,18 @@ func TestPrepareSwitchToWALReportsHeldRows(t *testing.T) {
 	b, _ := switchSetup(t)
 	ctx := context.Background()
 	agg := uuid.New()
-	held := b.emit(t, agg, "order.placed", map[string]int{"n": 1})
-	behind := b.emit(t, agg, "order.paid", map[string]int{"n": 2})
-	other := b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 3})
-	b.exec(t, fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_id, type, reason, error, first_failed_at, failed_at, held_until)
+	held := b.Emit(t, agg, "order.placed", map[string]int{"n": 1})
+	behind := b.Emit(t, agg, "order.paid", map[string]int{"n": 2})
+	other := b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 3})
+	b.Exec(t, fmt.Sprintf(`INSERT INTO %s (event_id, aggregate_id, type, reason, error, first_failed_at, failed_at, held_until)
 		SELECT id, aggregate_id, type, 'too_large', 'MESSAGE_TOO_LARGE: the record is 2 MiB', now(), now(), now() + interval '1 hour'
-		FROM %s WHERE id = $1`, pgx.Identifier{b.db.Tables.Schema, b.db.Tables.Outbox + "_failures"}.Sanitize(), b.db.Tables.OutboxIdent()), held)
+		FROM %s WHERE id = $1`, pgx.Identifier{b.DB.Tables.Schema, b.DB.Tables.Outbox + "_failures"}.Sanitize(), b.DB.Tables.OutboxIdent()), held)
 
-	var progress []ops.DrainProgress
-	cfg := ops.SwitchToWALConfig{Tables: b.db.Tables, Timeout: 600 * time.Millisecond, ProgressInterval: 100 * time.Millisecond,
-		Progress: func(p ops.DrainProgress) { progress = append(progress, p) }}
-	_, err := ops.PrepareSwitchToWAL(ctx, b.db.Pool, cfg)
-	require.ErrorIs(t, err, ops.ErrSwitchTimeout)
+	var progress []switchover.DrainProgress
+	cfg := switchover.SwitchToWALConfig{Tables: b.DB.Tables, Timeout: 600 * time.Millisecond, ProgressInterval: 100 * time.Millisecond,
+		Progress: func(p switchover.DrainProgress) { progress = append(progress, p) }}
+	_, err := switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, cfg)
+	require.ErrorIs(t, err, switchover.ErrSwitchTimeout)
 	require.Contains(t, err.Error(), "3 row(s)")
 	require.Contains(t, err.Error(), "2 of them are held")
 	require.Contains(t, err.Error(), fmt.Sprintf("held: %d (too_large)", held))
@@ -204,14 +206,14 @@ func TestPrepareSwitchToWALReportsHeldRows(t *testing.T) {
 	require.Contains(t, p.Held[0].LastError, "MESSAGE_TOO_LARGE")
 
 	// Only the held rows left: no relayer hint.
-	b.exec(t, "UPDATE "+b.db.Tables.OutboxIdent()+" SET dispatched_at = now() WHERE id = $1", other)
-	_, err = ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables, Timeout: 300 * time.Millisecond})
-	require.ErrorIs(t, err, ops.ErrSwitchTimeout)
+	b.Exec(t, "UPDATE "+b.DB.Tables.OutboxIdent()+" SET dispatched_at = now() WHERE id = $1", other)
+	_, err = switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables, Timeout: 300 * time.Millisecond})
+	require.ErrorIs(t, err, switchover.ErrSwitchTimeout)
 	require.NotContains(t, err.Error(), "is a polling relayer")
 
 	// The operator lets them go (here, as a relayer would once retried).
-	b.exec(t, "UPDATE "+b.db.Tables.OutboxIdent()+" SET dispatched_at = now() WHERE id IN ($1, $2)", held, behind)
-	res, err := ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables, Timeout: 5 * time.Second})
+	b.Exec(t, "UPDATE "+b.DB.Tables.OutboxIdent()+" SET dispatched_at = now() WHERE id IN ($1, $2)", held, behind)
+	res, err := switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables, Timeout: 5 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, other, res.Cut)
 	require.Zero(t, res.PendingAtCut)
@@ -225,27 +227,27 @@ func TestPrepareSwitchToWALRefusesWhileTheSlotIsRead(t *testing.T) {
 	t.Parallel()
 	b, slot := switchSetup(t)
 	ctx := context.Background()
-	b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
+	b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
 	done := make(chan error, 1)
 	go func() {
-		_, err := ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables, Timeout: time.Minute, ProgressInterval: 100 * time.Millisecond})
+		_, err := switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables, Timeout: time.Minute, ProgressInterval: 100 * time.Millisecond})
 		done <- err
 	}()
 	require.Eventually(t, func() bool {
-		_, found, err := ops.ReadWALSlot(ctx, b.db.Pool, slot)
+		_, found, err := ops.ReadWALSlot(ctx, b.DB.Pool, slot)
 		return err == nil && found
 	}, 10*time.Second, 10*time.Millisecond)
 	b.runWAL(t, b.publisher(t), nil)
 	select {
 	case err := <-done:
-		require.ErrorIs(t, err, ops.ErrSlotInUse)
+		require.ErrorIs(t, err, switchover.ErrSlotInUse)
 		require.Contains(t, err.Error(), "a WAL relayer started before the polling relayers had published everything older than the slot")
 	case <-time.After(10 * time.Second):
 		t.Fatal("the switch went on waiting while a WAL relayer read the slot")
 	}
 
-	_, err := ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables, Timeout: time.Second})
-	require.ErrorIs(t, err, ops.ErrSlotInUse)
+	_, err := switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables, Timeout: time.Second})
+	require.ErrorIs(t, err, switchover.ErrSlotInUse)
 	require.Contains(t, err.Error(), "slot "+slot+" is read by a WAL relayer")
 	require.Contains(t, err.Error(), "stop them now")
 }
@@ -270,8 +272,8 @@ func TestPrepareSwitchToPollMarksOnlyWhatTheSlotConfirmed(t *testing.T) {
 				return
 			default:
 			}
-			err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
-				_, err := b.producer.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: map[string]int{"n": n}})
+			err := pgx.BeginFunc(ctx, b.DB.Pool, func(tx pgx.Tx) error {
+				_, err := b.Producer.Emit(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: map[string]int{"n": n}})
 				return err
 			})
 			if err != nil {
@@ -282,9 +284,9 @@ func TestPrepareSwitchToPollMarksOnlyWhatTheSlotConfirmed(t *testing.T) {
 		}
 	}()
 	time.Sleep(300 * time.Millisecond)
-	var progress []ops.ConfirmProgress
-	res, err := ops.PrepareSwitchToPoll(ctx, b.db.Pool, ops.SwitchToPollConfig{Tables: b.db.Tables, Timeout: time.Minute,
-		ProgressInterval: 100 * time.Millisecond, Progress: func(p ops.ConfirmProgress) { progress = append(progress, p) }})
+	var progress []switchover.ConfirmProgress
+	res, err := switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, Timeout: time.Minute,
+		ProgressInterval: 100 * time.Millisecond, Progress: func(p switchover.ConfirmProgress) { progress = append(progress, p) }})
 	time.Sleep(100 * time.Millisecond)
 	close(stopProducing)
 	n := <-produced
@@ -292,7 +294,7 @@ func TestPrepareSwitchToPollMarksOnlyWhatTheSlotConfirmed(t *testing.T) {
 	marked := b.ids(t, "dispatched_at IS NOT NULL")
 	require.EqualValues(t, len(marked), res.Marked)
 	require.Positive(t, res.Marked)
-	after := b.count(t, "dispatched_at IS NULL")
+	after := b.Count(t, "dispatched_at IS NULL")
 	require.Positive(t, after, "rows committed after the cut stay pending")
 	require.Equal(t, slot, res.Slot)
 	require.NotZero(t, res.ReaderPID)
@@ -303,14 +305,14 @@ func TestPrepareSwitchToPollMarksOnlyWhatTheSlotConfirmed(t *testing.T) {
 
 	// Idle now, and no heartbeat of the relay's own: the switch's message
 	// moves the slot past the cut. Run again, it marks the rest.
-	again, err := ops.PrepareSwitchToPoll(ctx, b.db.Pool, ops.SwitchToPollConfig{Tables: b.db.Tables, Timeout: 20 * time.Second})
+	again, err := switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, Timeout: 20 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, after, again.Marked)
 	stopWAL()
 
 	marked = b.ids(t, "dispatched_at IS NOT NULL")
 	require.Len(t, marked, n)
-	got := b.consumeIDs(t, len(marked), 30*time.Second, "order")
+	got := b.ConsumeIDs(t, len(marked), 30*time.Second, "order")
 	for _, id := range marked {
 		require.Contains(t, got, id, "event %d was marked dispatched, yet is not in Kafka", id)
 	}
@@ -326,34 +328,34 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 	t.Run("no slot", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
-		b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
-		_, err := ops.PrepareSwitchToPoll(ctx, b.db.Pool, ops.SwitchToPollConfig{Tables: b.db.Tables})
-		require.ErrorIs(t, err, ops.ErrNoSlot)
+		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
+		_, err := switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables})
+		require.ErrorIs(t, err, switchover.ErrNoSlot)
 		require.Contains(t, err.Error(), "no replication slot "+slot)
-		require.Zero(t, b.count(t, "dispatched_at IS NOT NULL"))
+		require.Zero(t, b.Count(t, "dispatched_at IS NOT NULL"))
 	})
 
 	t.Run("slot not streamed", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
-		_, err := ops.SetupWAL(ctx, b.db.Pool, b.db.Tables, "", "")
+		_, err := switchover.SetupWAL(ctx, b.DB.Pool, b.DB.Tables, "", "")
 		require.NoError(t, err)
-		b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
+		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
 		began := time.Now()
-		_, err = ops.PrepareSwitchToPoll(ctx, b.db.Pool, ops.SwitchToPollConfig{Tables: b.db.Tables, ReaderGrace: 300 * time.Millisecond})
-		require.ErrorIs(t, err, ops.ErrSlotNotStreamed)
+		_, err = switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, ReaderGrace: 300 * time.Millisecond})
+		require.ErrorIs(t, err, switchover.ErrSlotNotStreamed)
 		require.Contains(t, err.Error(), "no process has read slot "+slot)
 		require.Contains(t, err.Error(), "outbox relay --mode wal")
 		require.Less(t, time.Since(began), 5*time.Second, "refused after the grace, not the timeout")
-		require.Zero(t, b.count(t, "dispatched_at IS NOT NULL"))
+		require.Zero(t, b.Count(t, "dispatched_at IS NOT NULL"))
 	})
 
 	t.Run("foreign reader", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
-		_, err := ops.SetupWAL(ctx, b.db.Pool, b.db.Tables, "", "")
+		_, err := switchover.SetupWAL(ctx, b.DB.Pool, b.DB.Tables, "", "")
 		require.NoError(t, err)
-		cfg, err := pgconn.ParseConfig(b.db.URL)
+		cfg, err := pgconn.ParseConfig(b.DB.URL)
 		require.NoError(t, err)
 		cfg.RuntimeParams["replication"] = "database"
 		cfg.RuntimeParams["application_name"] = "pg_recvlogical"
@@ -363,39 +365,39 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 		require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
 			PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}))
 		require.Eventually(t, func() bool {
-			s, _, err := ops.ReadWALSlot(ctx, b.db.Pool, slot)
+			s, _, err := ops.ReadWALSlot(ctx, b.DB.Pool, slot)
 			return err == nil && s.Active
 		}, 10*time.Second, 20*time.Millisecond)
-		b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
-		_, err = ops.PrepareSwitchToPoll(ctx, b.db.Pool, ops.SwitchToPollConfig{Tables: b.db.Tables})
-		require.ErrorIs(t, err, ops.ErrSlotNotStreamed)
+		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
+		_, err = switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables})
+		require.ErrorIs(t, err, switchover.ErrSlotNotStreamed)
 		require.Contains(t, err.Error(), `"pg_recvlogical"`)
 		require.Contains(t, err.Error(), "not by a WAL relayer")
-		require.Zero(t, b.count(t, "dispatched_at IS NOT NULL"))
-		_, err = ops.PrepareSwitchToWAL(ctx, b.db.Pool, ops.SwitchToWALConfig{Tables: b.db.Tables})
-		require.ErrorIs(t, err, ops.ErrSlotInUse)
+		require.Zero(t, b.Count(t, "dispatched_at IS NOT NULL"))
+		_, err = switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables})
+		require.ErrorIs(t, err, switchover.ErrSlotInUse)
 		require.Contains(t, err.Error(), "not a WAL relayer")
 	})
 
 	t.Run("timeout", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
-		g := &gate{Publisher: b.publisher(t), open: make(chan struct{})}
+		g := &gate{Sink: b.publisher(t), open: make(chan struct{})}
 		b.runWAL(t, g, nil)
 		t.Cleanup(g.release) // before the relayer stops: cleanups run in reverse
-		b.emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
-		_, err := ops.PrepareSwitchToPoll(ctx, b.db.Pool, ops.SwitchToPollConfig{Tables: b.db.Tables, Timeout: time.Second})
-		require.ErrorIs(t, err, ops.ErrSwitchTimeout)
+		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
+		_, err := switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, Timeout: time.Second})
+		require.ErrorIs(t, err, switchover.ErrSwitchTimeout)
 		require.Contains(t, err.Error(), "slot "+slot+" did not confirm WAL position")
 		require.Contains(t, err.Error(), "nothing was marked")
-		require.Zero(t, b.count(t, "dispatched_at IS NOT NULL"))
+		require.Zero(t, b.Count(t, "dispatched_at IS NOT NULL"))
 
 		// The broker answers again: the same call goes through.
 		g.release()
-		res, err := ops.PrepareSwitchToPoll(ctx, b.db.Pool, ops.SwitchToPollConfig{Tables: b.db.Tables, Timeout: time.Minute})
+		res, err := switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, Timeout: time.Minute})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, res.Marked)
-		recs := kafkatest.Read(t, b.broker.Addr(), 30*time.Second, func(rs []*kgo.Record) bool { return len(rs) >= 1 }, "order")
+		recs := kafkatest.Read(t, b.Broker.Addr(), 30*time.Second, func(rs []*kgo.Record) bool { return len(rs) >= 1 }, "order")
 		require.Len(t, recs, 1)
 	})
 }
@@ -404,17 +406,17 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 func TestSwitchConfigsRefuseNegatives(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, err := ops.PrepareSwitchToWAL(ctx, nil, ops.SwitchToWALConfig{Timeout: -time.Second})
+	_, err := switchover.PrepareSwitchToWAL(ctx, nil, switchover.SwitchToWALConfig{Timeout: -time.Second})
 	require.ErrorContains(t, err, "SwitchToWALConfig Timeout is -1s")
-	_, err = ops.PrepareSwitchToWAL(ctx, nil, ops.SwitchToWALConfig{HeldLimit: -1})
+	_, err = switchover.PrepareSwitchToWAL(ctx, nil, switchover.SwitchToWALConfig{HeldLimit: -1})
 	require.ErrorContains(t, err, "HeldLimit is -1")
-	_, err = ops.PrepareSwitchToPoll(ctx, nil, ops.SwitchToPollConfig{ReaderGrace: -time.Second})
+	_, err = switchover.PrepareSwitchToPoll(ctx, nil, switchover.SwitchToPollConfig{ReaderGrace: -time.Second})
 	require.ErrorContains(t, err, "SwitchToPollConfig ReaderGrace is -1s")
-	_, err = ops.PrepareSwitchToPoll(ctx, nil, ops.SwitchToPollConfig{Tables: outbox.Tables{Outbox: "Bad-Name"}})
+	_, err = switchover.PrepareSwitchToPoll(ctx, nil, switchover.SwitchToPollConfig{Tables: outbox.Tables{Outbox: "Bad-Name"}})
 	require.ErrorContains(t, err, "not a plain identifier")
 	one, err := pgxpool.New(ctx, "postgres://nobody@127.0.0.1:1/x?pool_max_conns=1") // connects lazily: never here
 	require.NoError(t, err)
 	defer one.Close()
-	_, err = ops.PrepareSwitchToPoll(ctx, one, ops.SwitchToPollConfig{})
+	_, err = switchover.PrepareSwitchToPoll(ctx, one, switchover.SwitchToPollConfig{})
 	require.ErrorContains(t, err, "needs a pool of at least 2 connections; this one has MaxConns 1")
 }

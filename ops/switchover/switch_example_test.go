@@ -1,4 +1,4 @@
-package ops_test
+package switchover_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/switchover"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -22,8 +22,8 @@ func ExamplePrepareSwitchToWAL() {
 	defer pool.Close()
 
 	// While the polling relayers run:
-	res, err := ops.PrepareSwitchToWAL(ctx, pool, ops.SwitchToWALConfig{
-		Progress: func(p ops.DrainProgress) {
+	res, err := switchover.PrepareSwitchToWAL(ctx, pool, switchover.SwitchToWALConfig{
+		Progress: func(p switchover.DrainProgress) {
 			log.Printf("%d rows up to id %d pending, %d held", p.Pending, p.Cut, p.Blocked)
 		},
 	})
@@ -44,7 +44,7 @@ func ExamplePrepareSwitchToPoll() {
 	}
 	defer pool.Close()
 
-	res, err := ops.PrepareSwitchToPoll(ctx, pool, ops.SwitchToPollConfig{})
+	res, err := switchover.PrepareSwitchToPoll(ctx, pool, switchover.SwitchToPollConfig{})
 	if err != nil {
 		log.Fatal(err) // no slot, or no WAL relayer streaming it: nothing was marked
 	}

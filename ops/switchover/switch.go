@@ -1,4 +1,4 @@
-package ops
+package switchover
 
 import (
 	"context"
@@ -13,6 +13,9 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
+	"github.com/pgoutbox/outbox/internal/cleanuplock"
+	"github.com/pgoutbox/outbox/internal/durations"
+	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
@@ -147,7 +150,7 @@ func SetupWAL(ctx context.Context, db walrelay.Querier, tables outbox.Tables, sl
 // many rows up to it are still pending. Read once the slot exists, every
 // event the slot lacks has an id at most cut; a polling relayer must
 // dispatch the pending ones before the WAL source starts.
-func ReadWALCut(ctx context.Context, db Queryer, tables outbox.Tables) (cut, pending int64, err error) {
+func ReadWALCut(ctx context.Context, db ops.Queryer, tables outbox.Tables) (cut, pending int64, err error) {
 	if err := tables.Validate(); err != nil {
 		return 0, 0, err
 	}
@@ -191,7 +194,7 @@ type DrainProgress struct {
 	// aggregate: they go only once an operator acts.
 	Pending, Blocked int64
 	// Held lists the first held rows up to the cut (HeldLimit).
-	Held    []StuckRow
+	Held    []ops.StuckRow
 	Elapsed time.Duration
 }
 
@@ -210,10 +213,10 @@ func (c SwitchToWALConfig) withDefaults() (SwitchToWALConfig, error) {
 		return c, err
 	}
 	c.Tables = c.Tables.WithDefaults()
-	if err := applyDurationDefaults("SwitchToWALConfig", []durationDefault{
-		{"Timeout", &c.Timeout, DefaultSwitchToWALTimeout},
-		{"PollInterval", &c.PollInterval, DefaultSwitchPollInterval},
-		{"ProgressInterval", &c.ProgressInterval, DefaultSwitchProgressInterval},
+	if err := durations.Apply("SwitchToWALConfig", []durations.Default{
+		{Name: "Timeout", V: &c.Timeout, Def: DefaultSwitchToWALTimeout},
+		{Name: "PollInterval", V: &c.PollInterval, Def: DefaultSwitchPollInterval},
+		{Name: "ProgressInterval", V: &c.ProgressInterval, Def: DefaultSwitchProgressInterval},
 	}); err != nil {
 		return c, err
 	}
@@ -329,7 +332,7 @@ func drainTimeout(cfg SwitchToWALConfig, p DrainProgress) error {
 
 // heldList names held rows for an error: "123 (broker_refused), 130
 // (too_large)".
-func heldList(held []StuckRow) string {
+func heldList(held []ops.StuckRow) string {
 	if len(held) == 0 {
 		return "none listed"
 	}
@@ -342,7 +345,7 @@ func heldList(held []StuckRow) string {
 
 // readPendingUpTo counts the rows up to cut still pending, and those of
 // them held or behind a held row.
-func readPendingUpTo(ctx context.Context, db Queryer, tables outbox.Tables, cut int64) (pending, blocked int64, err error) {
+func readPendingUpTo(ctx context.Context, db ops.Queryer, tables outbox.Tables, cut int64) (pending, blocked int64, err error) {
 	if err := db.QueryRow(ctx, render(switchPendingSQL, tables), cut).Scan(&pending, &blocked); err != nil {
 		return 0, 0, fmt.Errorf("ops: count the pending rows of %s up to id %d: %w", tables.OutboxIdent(), cut, err)
 	}
@@ -350,19 +353,19 @@ func readPendingUpTo(ctx context.Context, db Queryer, tables outbox.Tables, cut 
 }
 
 // readHeldUpTo lists the first limit held rows up to cut.
-func readHeldUpTo(ctx context.Context, db Queryer, tables outbox.Tables, cut int64, limit int) ([]StuckRow, error) {
+func readHeldUpTo(ctx context.Context, db ops.Queryer, tables outbox.Tables, cut int64, limit int) ([]ops.StuckRow, error) {
 	rows, err := db.Query(ctx, render(switchHeldSQL, tables), cut, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ops: list the held rows of %s up to id %d: %w", tables.OutboxIdent(), cut, err)
 	}
-	held, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StuckRow, error) {
-		var s StuckRow
+	held, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ops.StuckRow, error) {
+		var s ops.StuckRow
 		var age float64
 		var heldUntil *time.Time
 		if err := r.Scan(&s.ID, &s.AggregateID, &s.Type, &s.CreatedAt, &age, &s.Reason, &s.LastError, &s.Attempts, &s.FailedAt, &heldUntil); err != nil {
 			return s, err
 		}
-		s.Age = seconds(age)
+		s.Age = time.Duration(age * float64(time.Second))
 		if heldUntil != nil {
 			s.HeldUntil = *heldUntil
 		}
@@ -436,11 +439,11 @@ func (c SwitchToPollConfig) withDefaults() (SwitchToPollConfig, error) {
 		return c, err
 	}
 	c.Tables = c.Tables.WithDefaults()
-	err := applyDurationDefaults("SwitchToPollConfig", []durationDefault{
-		{"Timeout", &c.Timeout, DefaultSwitchToPollTimeout},
-		{"ReaderGrace", &c.ReaderGrace, DefaultReaderGrace},
-		{"PollInterval", &c.PollInterval, DefaultSwitchPollInterval},
-		{"ProgressInterval", &c.ProgressInterval, DefaultSwitchProgressInterval},
+	err := durations.Apply("SwitchToPollConfig", []durations.Default{
+		{Name: "Timeout", V: &c.Timeout, Def: DefaultSwitchToPollTimeout},
+		{Name: "ReaderGrace", V: &c.ReaderGrace, Def: DefaultReaderGrace},
+		{Name: "PollInterval", V: &c.PollInterval, Def: DefaultSwitchPollInterval},
+		{Name: "ProgressInterval", V: &c.ProgressInterval, Def: DefaultSwitchProgressInterval},
 	})
 	return c, err
 }
@@ -487,7 +490,7 @@ func PrepareSwitchToPoll(ctx context.Context, pool *pgxpool.Pool, cfg SwitchToPo
 		// another.
 		return res, fmt.Errorf("ops: PrepareSwitchToPoll needs a pool of at least 2 connections; this one has MaxConns %d", pool.Config().MaxConns)
 	}
-	if cfg.Slot, err = SlotName(ctx, pool, cfg.Tables, cfg.Slot); err != nil {
+	if cfg.Slot, err = ops.SlotName(ctx, pool, cfg.Tables, cfg.Slot); err != nil {
 		return res, err
 	}
 	res.Slot = cfg.Slot
@@ -574,8 +577,8 @@ func (w *slotWaiter) mark(ctx context.Context, conn *pgx.Conn) (st slotState, ma
 // cleanup to finish (within the deadline).
 func (w *slotWaiter) lockCleanup(ctx context.Context) (*pgxpool.Conn, func(), error) {
 	for {
-		conn, unlock, err := lockCleanup(ctx, w.pool, w.cfg.Tables)
-		if !errors.Is(err, ErrCleanupRunning) {
+		conn, unlock, locked, err := cleanuplock.TryLock(ctx, w.pool, w.cfg.Tables)
+		if err != nil || locked {
 			return conn, unlock, err
 		}
 		if time.Now().After(w.deadline) {

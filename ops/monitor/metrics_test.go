@@ -1,4 +1,4 @@
-package ops_test
+package monitor_test
 
 import (
 	"context"
@@ -16,7 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/internal/opstest"
+	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -29,22 +30,22 @@ import (
 func TestMetricsMoveUnderLoad(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cl := b.client(t)
+	cl := b.Client(t)
 	mon := b.monitor(t, nil)
 	srv := httptest.NewServer(mon.Handler())
 	t.Cleanup(srv.Close)
 
-	rcfg := b.relayConfig(t, cl)
+	rcfg := b.RelayConfig(t, cl)
 	rcfg.HoldOut = 300 * time.Millisecond
 	rcfg.Hooks = []relay.Hook{mon.Metrics()}
 	r, err := relay.New(rcfg)
 	require.NoError(t, err)
-	start(t, mon.Run)
+	opstest.Start(t, mon.Run)
 
 	// A backlog before the relayer runs: the gauges see it.
 	const backlog = 200
 	for i := range backlog {
-		b.emit(t, uuid.New(), "order.placed", map[string]int{"n": i})
+		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": i})
 	}
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		m, err := tryScrape(srv.URL)
@@ -62,25 +63,25 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	// refuses it as MESSAGE_TOO_LARGE), and a row written by hand with a
 	// header that is not a string, which the relayer refuses itself. The
 	// audit payload is random, so compression could not have saved it.
-	require.NoError(t, b.broker.CreateTopic("audit", 3, map[string]string{"max.message.bytes": "200"}))
+	require.NoError(t, b.Broker.CreateTopic("audit", 3, map[string]string{"max.message.bytes": "200"}))
 	noise := make([]byte, 300)
 	_, _ = rand.Read(noise)
-	auditID := b.emit(t, uuid.New(), "audit.logged", map[string]string{"blob": hex.EncodeToString(noise)})
+	auditID := b.Emit(t, uuid.New(), "audit.logged", map[string]string{"blob": hex.EncodeToString(noise)})
 	// (Written as before migration 6, whose guard now refuses it.)
 	var bigID int64
-	b.db.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
-		return tx.QueryRow(ctx, "INSERT INTO "+b.db.Tables.OutboxIdent()+
+	b.DB.WriteLegacy(t, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.QueryRow(ctx, "INSERT INTO "+b.DB.Tables.OutboxIdent()+
 			` (aggregate_id, type, payload, headers) VALUES ($1, 'order.placed', '{}', '{"retries": 3}') RETURNING id`, uuid.New()).Scan(&bigID)
 	})
 
-	runRelayer(t, r)
+	opstest.RunRelayer(t, r)
 	const load = 300
 	for i := range load {
 		typ := "order.placed"
 		if i%2 == 1 {
 			typ = "payment.captured"
 		}
-		b.emit(t, uuid.New(), typ, map[string]int{"n": i})
+		b.Emit(t, uuid.New(), typ, map[string]int{"n": i})
 	}
 	healthy := float64(backlog + load)
 	sawHeld := false
@@ -95,7 +96,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 		assert.GreaterOrEqual(c, m.val("outbox_holds_total", "reason", relay.ReasonUndecodable), 1.0)
 		assert.Equal(c, healthy, m.val("outbox_events_dispatched_total"))
 		assert.GreaterOrEqual(c, m.val("outbox_publish_errors_total", "kind", "permanent", "code", "MESSAGE_TOO_LARGE"), 1.0)
-		assert.GreaterOrEqual(c, m.val("outbox_publish_errors_total", "kind", "permanent", "code", ops.CodeRejectedByRelay), 1.0)
+		assert.GreaterOrEqual(c, m.val("outbox_publish_errors_total", "kind", "permanent", "code", monitor.CodeRejectedByRelay), 1.0)
 		assert.Equal(c, 2.0, m.val("outbox_pending_events"))
 	}, 20*time.Second, 50*time.Millisecond, "healthy events did not all flow past the refused ones")
 	m = scrape(t, srv.URL)
@@ -104,7 +105,7 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 	require.GreaterOrEqual(t, m.must(t, "outbox_commit_to_publish_seconds"), healthy)
 
 	// The runbook's last resort: delete the rows. Everything drains.
-	b.exec(t, "DELETE FROM "+b.db.Tables.OutboxIdent()+" WHERE id = ANY($1)", []int64{auditID, bigID})
+	b.Exec(t, "DELETE FROM "+b.DB.Tables.OutboxIdent()+" WHERE id = ANY($1)", []int64{auditID, bigID})
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		m, err := tryScrape(srv.URL)
 		require.NoError(c, err)
@@ -136,15 +137,15 @@ func TestMetricsMoveUnderLoad(t *testing.T) {
 func TestHealthAndReadiness(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cl := b.client(t)
+	cl := b.Client(t)
 	// A pool of its own, to close under the monitor.
-	pool, err := pgxpool.New(context.Background(), b.db.URL)
+	pool, err := pgxpool.New(context.Background(), b.DB.URL)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	mon := b.monitor(t, func(c *ops.MonitorConfig) {
+	mon := b.monitor(t, func(c *monitor.Config) {
 		c.Pool = pool
 		c.CheckTimeout = time.Second
-		c.Checks = []ops.ReadyCheck{{Name: "broker", Check: cl.Ping}}
+		c.Checks = []monitor.ReadyCheck{{Name: "broker", Check: cl.Ping}}
 	})
 	srv := httptest.NewServer(mon.Handler())
 	t.Cleanup(srv.Close)
@@ -164,7 +165,7 @@ func TestHealthAndReadiness(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	require.Equal(t, "database: ok\nbroker: ok\n", body)
 
-	b.broker.Close()
+	b.Broker.Close()
 	code, body = get("/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, code, body)
 	require.Contains(t, body, "database: ok\n")
