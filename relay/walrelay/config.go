@@ -26,7 +26,7 @@ const (
 )
 
 // Config configures a Relayer: the fields every source shares
-// (relay.Common; Pool and Publisher are required) and the WAL source's
+// (relay.Common; Pool and Sink are required) and the WAL source's
 // own. Of Common's: the relayer takes its leader lock, heartbeats, parks
 // refused events and reads the slot's state through Pool, and opens its
 // replication connection with the pool's connection settings (plus
