@@ -40,9 +40,9 @@ import (
 //   - cutoff: the last candidate within the budget $3, counted in id order
 //     by the bytes the relayer will hold: payload and headers as text (what
 //     RETURNING sends; pgx's binary jsonb is the same text behind a version
-//     byte) and type. Never by pg_column_size: TOAST compresses, and 10 MB
-//     of repetitive JSON stores in about 110 kB. The first candidate always
-//     fits; candidates past the cutoff wait for the next claim, in order.
+//     byte) and type. Never by pg_column_size: TOAST compresses, and
+//     megabytes of repetitive JSON store in kilobytes. The first candidate
+//     always fits; candidates past the cutoff wait for the next claim, in order.
 //     Printing a row to measure it costs about what it prints, so
 //     candidates does it only for rows stored uncompressed in at most $3 /
 //     $1 bytes: they print in about what they store, a batch of them in
