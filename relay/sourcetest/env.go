@@ -55,8 +55,8 @@ func open(t *testing.T, src Source, brokerOpts ...kfake.Opt) *env {
 	return &env{src: src, db: db, broker: b, producer: p}
 }
 
-// limitBroker is a broker whose message.max.bytes is 100,000, as in the
-// issue that found the poison-row defects.
+// limitBroker is a broker whose message.max.bytes is 100,000, small enough
+// that the poison scenarios' large events exceed it.
 func limitBroker() kfake.Opt {
 	return kfake.BrokerConfigs(map[string]string{"message.max.bytes": "100000"})
 }
@@ -224,8 +224,8 @@ var errRollback = errors.New("rolled back on purpose")
 // commit order, which the broker must follow.
 func (e *env) writeLoad(t *testing.T, events, aggregates, writers int, typ string) map[int64]event {
 	t.Helper()
-	// Generous: on a loaded 2-core machine under -race, with the other
-	// scenarios running, 20,000 events took up to 110s.
+	// Generous: a small machine under -race, running the other scenarios
+	// at once, writes a large load slowly.
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
 	lw := e.openLoad(ctx, t, aggregates, writers)

@@ -193,7 +193,7 @@ func (r *Relayer) stop() error {
 // Kill ends the relayer as kill -9 of its process would: its database
 // sessions are terminated, whatever they were doing, then its Run is
 // cancelled, without waiting for it (Stop waits). It may be called from
-// inside the relayer's Publisher.
+// inside the relayer's Sink.
 func (r *Relayer) Kill() {
 	n, err := Terminate(r.db, r.apps...)
 	if err != nil {
