@@ -260,7 +260,7 @@ func PrepareSwitchToWAL(ctx context.Context, pool *pgxpool.Pool, cfg SwitchToWAL
 		return res, err
 	}
 	if found && st.active {
-		if st.streamedByRelayer() {
+		if st.streamedByRelayer() || st.startingRelayer() {
 			return res, fmt.Errorf("%w: slot %s is read by a WAL relayer (pid %d, %q): the WAL source already runs on %s, so there is nothing to prepare; if polling relayers still run on it, stop them now (SIGTERM): both publish the same events", ErrSlotInUse, cfg.Slot, st.pid, st.app, cfg.Tables.OutboxIdent())
 		}
 		return res, fmt.Errorf("%w: slot %s is read by pid %d (%q), which is not a WAL relayer; stop that reader, or name another slot", ErrSlotInUse, cfg.Slot, st.pid, st.app)
@@ -610,7 +610,7 @@ func (w *slotWaiter) wait(ctx context.Context, target string, inTx bool) (slotSt
 			return st, fmt.Errorf("%w: slot %s has wal_status=lost: events after %s may never have been published; nothing was marked: republish from the table with the polling relay (outbox relay), then drop the slot (outbox relay --mode wal --teardown)", walrelay.ErrSlotLost, slot, st.confirmed)
 		case st.passed && st.streamedByRelayer():
 			return st, nil
-		case st.active && !st.streamedByRelayer():
+		case st.active && !st.streamedByRelayer() && !st.startingRelayer():
 			return st, fmt.Errorf("%w: slot %s is read by pid %d (%q), not by a WAL relayer (outbox relay --mode wal), so its position does not say what the broker has; nothing was marked: stop that reader and start the WAL relay", ErrSlotNotStreamed, slot, st.pid, st.app)
 		case !st.active && noReaderSince.IsZero():
 			noReaderSince = now
@@ -657,6 +657,17 @@ type slotState struct {
 
 func (s slotState) streamedByRelayer() bool {
 	return s.active && strings.HasPrefix(s.app, walStreamAppName)
+}
+
+// walLeaderAppName starts the application_name of a WAL relayer's leader
+// session, which holds the slot while it creates it (creating a logical
+// slot waits for the transactions open at that moment to end).
+const walLeaderAppName = "outbox-wal leader"
+
+// startingRelayer reports a slot held by a WAL relayer that is about to
+// stream it: its leader session, creating the slot.
+func (s slotState) startingRelayer() bool {
+	return s.active && strings.HasPrefix(s.app, walLeaderAppName)
 }
 
 // readSlotState reads slot; target, when not empty, is a WAL position to

@@ -350,6 +350,36 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 		require.Zero(t, b.Count(t, "dispatched_at IS NOT NULL"))
 	})
 
+	// A WAL relayer's leader session holds the slot while it creates it
+	// (which waits for open transactions): the relayer is starting, so
+	// the switch waits for it rather than calling it a foreign reader.
+	t.Run("relayer starting", func(t *testing.T) {
+		t.Parallel()
+		b, slot := switchSetup(t)
+		_, err := switchover.SetupWAL(ctx, b.DB.Pool, b.DB.Tables, "", "")
+		require.NoError(t, err)
+		cfg, err := pgconn.ParseConfig(b.DB.URL)
+		require.NoError(t, err)
+		cfg.RuntimeParams["replication"] = "database"
+		cfg.RuntimeParams["application_name"] = "outbox-wal leader"
+		conn, err := pgconn.ConnectConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+			PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}))
+		require.Eventually(t, func() bool {
+			s, _, err := ops.ReadWALSlot(ctx, b.DB.Pool, slot)
+			return err == nil && s.Active
+		}, 10*time.Second, 20*time.Millisecond)
+		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
+		_, err = switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, Timeout: time.Second})
+		require.ErrorIs(t, err, switchover.ErrSwitchTimeout, "waited for the starting relayer until the deadline")
+		require.Zero(t, b.Count(t, "dispatched_at IS NOT NULL"))
+		_, err = switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables})
+		require.ErrorIs(t, err, switchover.ErrSlotInUse)
+		require.Contains(t, err.Error(), "the WAL source already runs")
+	})
+
 	t.Run("foreign reader", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
