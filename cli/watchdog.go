@@ -111,7 +111,7 @@ that stays away while the database writes).`,
 }
 
 // runWALWatchdog is the watchdog of an outbox relayed from the WAL.
-func runWALWatchdog(ctx context.Context, g *globals, db ops.Queryer, t outbox.Tables, cfg ops.WatchdogConfig, asJSON bool) error {
+func runWALWatchdog(ctx context.Context, g *globals, db outbox.DB, t outbox.Tables, cfg ops.WatchdogConfig, asJSON bool) error {
 	if cfg.MaxSlotLagBytes <= 0 || cfg.MaxInactive <= 0 {
 		return fmt.Errorf("--max-slot-lag-bytes (%d) and --max-slot-inactive (%s) must be positive, e.g. 1073741824 and 5m", cfg.MaxSlotLagBytes, cfg.MaxInactive)
 	}
