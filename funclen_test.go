@@ -28,12 +28,6 @@ const (
 // lower) its entry in the same change.
 var funcLenKnown = map[string]int{
 	"bench/walbiz.go:bizOnce":                          153,
-	"cli/cleanup.go:newCleanupCmd":                     118,
-	"cli/consume.go:runConsume":                        91,
-	"cli/relay.go:runRelay":                            86,
-	"cli/stats.go:newStatsCmd":                         81,
-	"cli/switch.go:newSwitchToPollCmd":                 89,
-	"cli/watchdog.go:newWatchdogCmd":                   95,
 	"examples/orders/main.go:run":                      113,
 	"relay/sourcetest/env.go:(*env).writeLoad":         140,
 	"relay/sourcetest/property.go:PublishPathProperty": 168,

@@ -74,28 +74,7 @@ that stays away while the database writes).`,
 				return runWALWatchdog(c.Context(), g, pool, t, cfg, asJSON)
 			}
 			cfg.Tables = t
-			rep, err := ops.Check(c.Context(), pool, cfg)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				if err := writeJSON(g, reportJSON(t, rep)); err != nil {
-					return err
-				}
-			} else if err := printReport(g, t, rep); err != nil {
-				return err
-			}
-			if rep.Healthy() {
-				return nil
-			}
-			var why []string
-			if rep.Lag.Stuck > 0 {
-				why = append(why, fmt.Sprintf("%d row(s) stuck (%d held; the rest wait behind them or were pending longer than %s)", rep.Lag.Stuck, rep.Held, rep.StuckAfter))
-			}
-			if rep.LagBreached {
-				why = append(why, fmt.Sprintf("lag %s is over the %s SLO", fmtAge(rep.OldestPendingAge), rep.MaxLag))
-			}
-			return &exitError{code: 1, msg: "unhealthy: " + strings.Join(why, "; ")}
+			return runPollWatchdog(c.Context(), g, pool, cfg, asJSON)
 		},
 	}
 	f := cmd.Flags()
@@ -108,6 +87,34 @@ that stays away while the database writes).`,
 	f.Int64Var(&cfg.MaxSlotLagBytes, "max-slot-lag-bytes", ops.DefaultMaxSlotLagBytes, "WAL mode: unhealthy when the slot is further behind than this many bytes")
 	durationVar(f, &cfg.MaxInactive, "max-slot-inactive", ops.DefaultStuckAfter, "WAL mode: unhealthy when the slot has had no reader for longer (PG 17+)")
 	return cmd
+}
+
+// runPollWatchdog is the watchdog of an outbox relayed by polling: its
+// stuck rows and its lag.
+func runPollWatchdog(ctx context.Context, g *globals, db outbox.DB, cfg ops.WatchdogConfig, asJSON bool) error {
+	t := cfg.Tables
+	rep, err := ops.Check(ctx, db, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := writeJSON(g, reportJSON(t, rep)); err != nil {
+			return err
+		}
+	} else if err := printReport(g, t, rep); err != nil {
+		return err
+	}
+	if rep.Healthy() {
+		return nil
+	}
+	var why []string
+	if rep.Lag.Stuck > 0 {
+		why = append(why, fmt.Sprintf("%d row(s) stuck (%d held; the rest wait behind them or were pending longer than %s)", rep.Lag.Stuck, rep.Held, rep.StuckAfter))
+	}
+	if rep.LagBreached {
+		why = append(why, fmt.Sprintf("lag %s is over the %s SLO", fmtAge(rep.OldestPendingAge), rep.MaxLag))
+	}
+	return &exitError{code: 1, msg: "unhealthy: " + strings.Join(why, "; ")}
 }
 
 // runWALWatchdog is the watchdog of an outbox relayed from the WAL.
