@@ -18,7 +18,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 SAY_TEST_DB = @echo "tests use $${DATABASE_URL:-$(TEST_DATABASE_URL)}" | sed -E 's|(://[^:@/]*):[^@/]*@|\1:***@|'
 
 test: export DATABASE_URL ?= $(TEST_DATABASE_URL)
-test: ## run every test with the race detector against DATABASE_URL (default: the local server's database "test", created when missing); the README's test command
+test: ## run every test with the race detector against DATABASE_URL (default: the local server's database "test", created when missing); the test command of README.md and docs/testing.md
 	$(SAY_TEST_DB)
 	$(GO) test -race -count=1 -timeout 20m ./...
 

@@ -77,7 +77,8 @@ type Config struct {
 	// Producer; an Emit within it of the last one that notified does not
 	// notify. Postgres serialises notifying commits on one database-wide
 	// lock held until their commit record is flushed, so a NOTIFY per
-	// transaction halves a busy producer's commit rate (BENCHMARKS.md).
+	// transaction costs a busy producer much of its commit rate
+	// (BENCHMARKS.md has figures).
 	// The relayer a NOTIFY woke keeps polling quickly while it finds rows
 	// (relay.Config.BusyPollInterval), which picks up the events that did
 	// not notify. One that commits long after its Emit, when no other event

@@ -49,7 +49,7 @@ RETURNING id`
 )
 
 // A single event takes the batch's steps without the arrays, which costs
-// less per transaction (BENCHMARKS.md). Parameters: $1 aggregate, $2 type,
+// less per transaction. Parameters: $1 aggregate, $2 type,
 // $3 payload, $4 headers ("" for none), then the lock's namespace and key,
 // then the notification channel, each when used.
 const (

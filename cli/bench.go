@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgoutbox/outbox/bench"
+	"github.com/pgoutbox/outbox/internal/bench"
 )
 
 // benchOptions are the flags of `outbox bench`.

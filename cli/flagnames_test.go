@@ -34,8 +34,8 @@ func eachFlag(root *cobra.Command, fn func(c *cobra.Command, f *pflag.Flag)) {
 func TestFlagNamesFollowOneConvention(t *testing.T) {
 	t.Parallel()
 	forbidden := regexp.MustCompile(`^(batch|chunk|chunk-size|output|format|out|machine|cleanup-batch)$|(^|-)batch$|chunk`)
-	// Being replaced by --json in another change (issue 11); once it is a
-	// deprecated alias this exception matches nothing.
+	// consume's --output is not yet a deprecated alias of --json; once it
+	// is, this exception matches nothing.
 	exceptions := map[string]bool{"outbox consume --output": true}
 	n := 0
 	eachFlag(cli.NewRoot(io.Discard, io.Discard), func(c *cobra.Command, f *pflag.Flag) {

@@ -88,7 +88,7 @@ Replicas elect one reader; the others take over within
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
-	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see the README)")
+	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
 	o.wal.register(f)
 	return cmd
 }

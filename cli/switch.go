@@ -29,9 +29,9 @@ to the other, while producers keep writing, and waits where that waits:
 Each prints the steps that are left: stopping the relayers of the old
 source with SIGTERM and starting those of the new one. It stops and starts
 nothing itself. Both directions publish some events twice (at-least-once:
-consumers deduplicate on event_id), none out of its aggregate's order. The
-README ("Switching between the polling relay and the WAL source") says why
-each cut is exact.`,
+consumers deduplicate on event_id), none out of its aggregate's order.
+docs/wal.md ("Switching between the polling relay and the WAL source") says
+why each cut is exact.`,
 	}
 	groupOnly(cmd)
 	g.addDBFlags(cmd.PersistentFlags())

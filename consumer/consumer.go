@@ -129,10 +129,10 @@ func (c *Consumer) groupOptions() []kgo.Opt {
 		// A new group reads from the start, so no event is missed.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		// franz-go's default (50 MiB a fetch) let a consumer working
-		// through a million-record backlog peak at 130 MiB; at 1 MiB it
-		// peaked at 43 MiB and ran no slower (`outbox bench memory`). A
-		// record batch larger than this is still returned whole.
+		// franz-go's default (50 MiB a fetch) lets a consumer working
+		// through a backlog hold many times the memory it needs; 1 MiB
+		// keeps it small without slowing the consumer down. A record
+		// batch larger than this is still returned whole.
 		kgo.FetchMaxBytes(1 << 20),
 		// Offsets are committed by hand, only past records whose
 		// transaction committed.
@@ -150,8 +150,8 @@ func (c *Consumer) groupOptions() []kgo.Opt {
 		// partition whose fetches fail backs off that long each time,
 		// and franz-go hands UNKNOWN_TOPIC_ID (a recreated topic, or a
 		// replaced broker: see follow) to a poll only after five failed
-		// fetches: 20s and more before the consumer could follow the new
-		// topic, against 3s with Kafka's backoff.
+		// fetches, so with franz-go's backoff the consumer takes several
+		// times as long to follow the new topic.
 		kgo.RetryBackoffFn(func(fails int) time.Duration {
 			return backoff.Delay(100*time.Millisecond, time.Second, fails)
 		}),

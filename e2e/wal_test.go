@@ -438,7 +438,7 @@ func (w *walBundle) switchReport(t *testing.T, direction string, timeout time.Du
 }
 
 // Switching from the polling relay to the WAL source and back, with
-// producers writing throughout, by the README's procedure: `outbox switch
+// producers writing throughout, by the procedure of docs/wal.md: `outbox switch
 // to-wal` and `outbox switch to-poll` do the database's steps and the
 // test stops and starts the relayers between them. Every event arrives,
 // first deliveries keep per-aggregate order, and the duplicates are

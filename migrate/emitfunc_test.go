@@ -109,7 +109,7 @@ func TestEmitFunctionRefusesWhatTheRelayCannotPublish(t *testing.T) {
 	require.Zero(t, n)
 }
 
-// The size check is outbox.MaxRecordSize, to the byte: the largest
+// The size check is outbox.KafkaRouting.Size, to the byte: the largest
 // payload Go accepts, the function accepts; one byte more, it refuses.
 func TestEmitFunctionSizeLimitIsGos(t *testing.T) {
 	t.Parallel()

@@ -246,7 +246,7 @@ func TestBusyPollingFindsEventsThatDidNotNotify(t *testing.T) {
 			// A wake-up can be left over: the listener's own on connecting
 			// (or the notification) when the claim it would trigger was
 			// already under way. Let its claim pass before the quiet event,
-			// or that claim finds it; on a loaded machine it came late.
+			// or that claim finds it; on a loaded machine it can come late.
 			time.Sleep(500 * time.Millisecond)
 			require.NoError(t, pgx.BeginFunc(context.Background(), b.db.Pool, func(tx pgx.Tx) error {
 				_, err := quiet.Emit(context.Background(), tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 2})

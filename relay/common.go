@@ -31,7 +31,7 @@ const MaxBatchSize = 100_000
 
 // Source is a running source of events: the polling Relayer here, the WAL
 // source in relay/walrelay. It reads committed events from the outbox and
-// hands them to Common.Publisher, reporting to Common.Hooks through an
+// hands them to Common.Sink, reporting to Common.Hooks through an
 // Observer.
 type Source interface {
 	// Run relays until ctx is cancelled, lets the batch in flight finish
@@ -88,7 +88,7 @@ type Common struct {
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Hooks observe the source: each implements one or more of BatchHook,
-	// PublishFailureHook and BatchErrorHook (ops.Metrics implements them
+	// PublishFailureHook and BatchErrorHook (monitor.Metrics implements them
 	// all). They are called in this order. Defaults to none.
 	Hooks []Hook
 	// TracerProvider makes the source's spans: one "send <topic>" span

@@ -228,8 +228,8 @@ func (b *bundle) writeLoad(t *testing.T, events, aggregates, writers int, typ st
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// The writers' own durability is not under test, and on a shared
-	// 2-core machine an fsync per commit made them the slowest part.
+	// The writers' own durability is not under test, and on a small
+	// machine an fsync per commit makes them the slowest part.
 	cfg, err := pgxpool.ParseConfig(b.db.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = int32(writers)

@@ -8,7 +8,7 @@ import (
 // Observer is the part of the source seam that reports what a source does:
 // it sends a source's batches to Common.Sink inside the source's
 // "send <topic>" spans, and calls Common.Hooks. Both relayers use one, so
-// that hooks (ops.Metrics) and traces see the same things whichever source
+// that hooks (monitor.Metrics) and traces see the same things whichever source
 // runs; a new source builds one with NewObserver and calls it from the
 // goroutine that publishes, one batch at a time:
 //

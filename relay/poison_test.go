@@ -21,8 +21,8 @@ import (
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
-// limitBroker is a broker whose message.max.bytes is 100,000, as in the
-// issue that found these defects.
+// limitBroker is a broker whose message.max.bytes is 100,000, small enough
+// that a test's large events exceed it.
 func limitBroker() kfake.Opt {
 	return kfake.BrokerConfigs(map[string]string{"message.max.bytes": "100000"})
 }
@@ -55,12 +55,11 @@ func (b *bundle) client(t *testing.T) *kgo.Client {
 	return client
 }
 
-// Issue 9, defect 6: several rows of one aggregate fail in one batch (here
-// all three are too large). Before, each failure overwrote the last, so the
-// failures table named the aggregate's last row while the watchdog listed
-// its first with no error. Now the failure belongs to the aggregate's first
-// row; the rows behind it are listed as waiting for it; and the watchdog
-// reports the held row as stuck at once, not after StuckAfter.
+// Several rows of one aggregate fail in one batch (here all three are too
+// large): the failure belongs to the aggregate's first row, not its last
+// (which would leave the watchdog listing the first with no error); the
+// rows behind it are listed as waiting for it; and the watchdog reports the
+// held row as stuck at once, not after StuckAfter.
 func TestFailureRecordedAgainstTheAggregatesFirstRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t, limitBroker())

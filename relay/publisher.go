@@ -49,7 +49,7 @@ type Message struct {
 // Destination. Producers must route alike (outbox.Config.Routing).
 //
 // ErrorCode names an error Publish returned, for the code label of
-// metrics (ops.Metrics): short, stable, from a small set (a label's values
+// metrics (monitor.Metrics): short, stable, from a small set (a label's values
 // must be bounded), e.g. the broker's error name or "timeout".
 //
 // A sink may also implement MessagingSystem (for spans) and Readier (for

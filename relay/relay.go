@@ -43,7 +43,7 @@ const (
 )
 
 // Config configures a Relayer: the fields every source shares (Common;
-// Pool and Publisher are required) and the polling relay's own.
+// Pool and Sink are required) and the polling relay's own.
 type Config struct {
 	Common
 

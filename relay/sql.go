@@ -40,9 +40,9 @@ import (
 //   - cutoff: the last candidate within the budget $3, counted in id order
 //     by the bytes the relayer will hold: payload and headers as text (what
 //     RETURNING sends; pgx's binary jsonb is the same text behind a version
-//     byte) and type. Never by pg_column_size: TOAST compresses, and 10 MB
-//     of repetitive JSON stores in about 110 kB. The first candidate always
-//     fits; candidates past the cutoff wait for the next claim, in order.
+//     byte) and type. Never by pg_column_size: TOAST compresses, and
+//     megabytes of repetitive JSON store in kilobytes. The first candidate
+//     always fits; candidates past the cutoff wait for the next claim, in order.
 //     Printing a row to measure it costs about what it prints, so
 //     candidates does it only for rows stored uncompressed in at most $3 /
 //     $1 bytes: they print in about what they store, a batch of them in
@@ -68,8 +68,8 @@ import (
 // rows were locked, even when none was accepted (the row's other columns
 // are then NULL), so telling "nothing pending" from "everything waits
 // behind another relayer" costs no second statement. No statement reads an
-// (aggregate_id, id) index: migration 3 dropped it (BENCHMARKS.md says what
-// the earlier shape, one descent per aggregate, cost).
+// (aggregate_id, id) index: migration 3 dropped it, with the earlier shape
+// of the claim, one descent per aggregate.
 const claimSQL = `WITH held AS MATERIALIZED (
   SELECT coalesce(array_agg(DISTINCT f.aggregate_id), '{}') AS aggs FROM {{failures}} f
   WHERE f.held_until > now()
@@ -133,8 +133,7 @@ FROM (SELECT count(*) AS locked FROM candidates) c LEFT JOIN marked m ON true`
 // autovacuum off, or not yet run on a fresh backlog) Postgres guesses 0.5%
 // of rows pending, and its plan for LIMIT 5000 otherwise read every pending
 // row through a bitmap scan and sorted them, far slower than walking
-// the pending index (TestClaimPlanUsesPendingIndex, "no statistics";
-// figures in BENCHMARKS.md).
+// the pending index (TestClaimPlanUsesPendingIndex, "no statistics").
 const claimBegin = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 
 // unmarkSQL returns rows the broker did not acknowledge to pending, inside

@@ -49,7 +49,7 @@ func sqlASCIIDatabase(t *testing.T) string {
 
 // In a SQL_ASCII database a header's value is whatever bytes the
 // producer wrote, UTF-8 or not; the relayer publishes them byte for byte,
-// as the README promises (nothing is rewritten), not with U+FFFD in place
+// as docs/producers.md promises (nothing is rewritten), not with U+FFFD in place
 // of the bytes that are not UTF-8.
 func TestHeadersOfASQLASCIIDatabaseArePublishedByteForByte(t *testing.T) {
 	t.Parallel()

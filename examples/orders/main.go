@@ -70,17 +70,9 @@ func run(ctx context.Context, out io.Writer, databaseURL string) error {
 	}
 	defer cleanup()
 	tables := outbox.Tables{Schema: pool.Config().ConnConfig.RuntimeParams["search_path"]}.WithDefaults()
-	m, err := migrate.New(tables)
-	if err != nil {
+	if err := migrateAll(ctx, pool, tables); err != nil {
 		return err
 	}
-	if _, err := m.Up(ctx, pool); err != nil {
-		return err
-	}
-	if err := shop.Migrate(ctx, pool); err != nil {
-		return err
-	}
-
 	broker, err := devkafka.Start(devkafka.Config{})
 	if err != nil {
 		return err
@@ -88,12 +80,37 @@ func run(ctx context.Context, out io.Writer, databaseURL string) error {
 	defer broker.Close()
 	brokers := kafka.ClientConfig{Brokers: []string{broker.Addr()}}
 
-	// The shop: each order and its event commit together.
-	producer, err := outbox.NewProducer(outbox.Config{Tables: tables})
+	alice, bob := customer{"alice", uuid.New()}, customer{"bob", uuid.New()}
+	events, err := placeOrders(ctx, out, pool, tables, alice, bob)
 	if err != nil {
 		return err
 	}
-	alice, bob := customer{"alice", uuid.New()}, customer{"bob", uuid.New()}
+	if err := relayAndConsume(ctx, out, pool, tables, brokers, log, events); err != nil {
+		return err
+	}
+	return reportPoints(ctx, out, pool, alice, bob)
+}
+
+// migrateAll creates the outbox's tables and the shop's.
+func migrateAll(ctx context.Context, pool *pgxpool.Pool, tables outbox.Tables) error {
+	m, err := migrate.New(tables)
+	if err != nil {
+		return err
+	}
+	if _, err := m.Up(ctx, pool); err != nil {
+		return err
+	}
+	return shop.Migrate(ctx, pool)
+}
+
+// placeOrders is the shop: each order and its event commit together. It
+// places three orders, then the first one again, which rolls back and
+// takes its event with it, and returns how many events the outbox holds.
+func placeOrders(ctx context.Context, out io.Writer, pool *pgxpool.Pool, tables outbox.Tables, alice, bob customer) (events int, err error) {
+	producer, err := outbox.NewProducer(outbox.Config{Tables: tables})
+	if err != nil {
+		return 0, err
+	}
 	placed := []struct {
 		who   customer
 		cents int64
@@ -103,7 +120,7 @@ func run(ctx context.Context, out io.Writer, databaseURL string) error {
 		o := shop.Order{ID: uuid.New(), CustomerID: p.who.id, TotalCents: p.cents}
 		id, err := shop.PlaceOrder(ctx, pool, producer, o)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if i == 0 {
 			first = o
@@ -113,15 +130,19 @@ func run(ctx context.Context, out io.Writer, databaseURL string) error {
 	// The same order id again: the insert fails, the transaction rolls
 	// back, and no event exists for it.
 	if _, err := shop.PlaceOrder(ctx, pool, producer, shop.Order{ID: first.ID, CustomerID: bob.id, TotalCents: 5000}); !shop.IsDuplicate(err) {
-		return fmt.Errorf("placing order 1 again: want a duplicate order id, got %v", err)
+		return 0, fmt.Errorf("placing order 1 again: want a duplicate order id, got %v", err)
 	}
-	var events int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+tables.OutboxIdent()).Scan(&events); err != nil {
-		return err
+		return 0, err
 	}
 	fmt.Fprintf(out, "order 1 placed again: rolled back (duplicate order id), no event; %d events in the outbox\n", events)
+	return events, nil
+}
 
-	// The relayer publishes what committed; the loyalty service consumes.
+// relayAndConsume runs the relayer, which publishes what committed, and
+// the loyalty service, which consumes it, until the service has processed
+// the outbox's events.
+func relayAndConsume(ctx context.Context, out io.Writer, pool *pgxpool.Pool, tables outbox.Tables, brokers kafka.ClientConfig, log *slog.Logger, events int) error {
 	client, err := kafkapub.NewPublisherClient(brokers)
 	if err != nil {
 		return err
@@ -150,7 +171,12 @@ func run(ctx context.Context, out io.Writer, databaseURL string) error {
 		return fmt.Errorf("waiting for the loyalty service to process %d events: %w", events, waitErr)
 	}
 	fmt.Fprintf(out, "relayed %d events to topic %q; the loyalty service processed %d\n", r.Stats().Dispatched, shop.Topic, loyalty.Stats().Processed)
+	return nil
+}
 
+// reportPoints prints alice's and bob's loyalty points and fails unless
+// every customer's points match their orders.
+func reportPoints(ctx context.Context, out io.Writer, pool *pgxpool.Pool, alice, bob customer) error {
 	points, err := shop.CheckPoints(ctx, pool)
 	if err != nil {
 		return err

@@ -13,9 +13,9 @@ CREATE TABLE {{outbox}} (
 -- The relayer claims pending rows ORDER BY id. An index on (created_at)
 -- WHERE dispatched_at IS NULL (the seed's) does not serve that order, so
 -- Postgres walks the primary key instead and filters out every dispatched
--- row in front of the pending ones: 98 ms a claim with 218k dispatched rows,
--- growing with the table. This partial index holds pending rows only, in
--- claim order, so a claim costs the same with 0 or 10M dispatched rows.
+-- row in front of the pending ones, a cost growing with the table. This
+-- partial index holds pending rows only, in claim order, so a claim costs
+-- the same with 0 or 10M dispatched rows.
 CREATE INDEX {{pending_idx}} ON {{outbox}} (id) WHERE dispatched_at IS NULL;
 
 -- Per-aggregate order: the claim checks that the rows it takes are the

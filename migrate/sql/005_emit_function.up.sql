@@ -10,7 +10,7 @@
 -- (the part before the first '.': 1-249 of [a-zA-Z0-9_-]), headers NULL or
 -- a JSON object of string values, none of the names the relayer sets
 -- (event_id, event_type, content-type, event_source), and the Kafka record
--- the event makes, counted as outbox.MaxRecordSize counts it (the payload
+-- the event makes, counted as outbox.KafkaRouting.Size counts it (the payload
 -- as Postgres prints its JSONB, the key, type, headers, the relayer's
 -- headers at their longest and Kafka's framing). These figures are Go's
 -- constants; migrate/emitfunc_test.go checks they agree.
@@ -23,7 +23,7 @@
 -- aggregate. Finally it NOTIFYs the relayers unless another transaction
 -- emitting now will: the NOTIFY goes to whichever holds a try-lock in the
 -- same namespace, so at most one open transaction per outbox notifies (a
--- NOTIFY per transaction costs commit throughput: BENCHMARKS.md).
+-- NOTIFY per transaction costs commit throughput).
 CREATE FUNCTION {{emit_fn}}(aggregate_id uuid, type text, payload jsonb, headers jsonb DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -87,7 +87,7 @@ BEGIN
       INTO fields, nhdr FROM jsonb_each_text(headers) AS e(k, v);
   END IF;
 
-  -- outbox.MaxRecordSize: each field a zigzag varint length and its bytes,
+  -- outbox.KafkaRouting.Size: each field a zigzag varint length and its bytes,
   -- the header count, then the body's length and the batch header (61).
   SELECT body + sum(f + CASE WHEN f < 64 THEN 1 WHEN f < 8192 THEN 2 WHEN f < 1048576 THEN 3 WHEN f < 134217728 THEN 4 ELSE 5 END)
     INTO body FROM unnest(fields) AS f;

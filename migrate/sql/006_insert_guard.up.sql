@@ -17,8 +17,8 @@
 -- pass 249 characters: such a row passes the guard and is held at relay
 -- time (invalid_topic), as Emit with the same TopicPrefix would refuse it.
 -- Size is not checked: a topic's max.message.bytes is the broker's, and the
--- relayer's too_large hold is the guard for it (BENCHMARKS.md has the cost
--- of a size check here).
+-- relayer's too_large hold is the guard for it, and a size check here would
+-- cost every insert.
 --
 -- A trigger, not CHECK constraints. A CHECK constraint is enforced on every
 -- new row version, UPDATEs included, even when added NOT VALID: the claim

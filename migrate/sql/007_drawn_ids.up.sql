@@ -40,10 +40,9 @@
 -- would not do: any role can set one. From any other role, requeued_at
 -- changes nothing: the row is checked like any other.
 --
--- Cost: the id check is a small plpgsql call in the trigger's WHEN, 3-9
--- us a row in bulk on a loaded 2-core machine, about 1.3 us of it the
--- exception block that catches the 55000 above (BENCHMARKS.md). The rest of the function
--- still runs only for a row that fails. The migration replaces a function
+-- Cost: the id check is a small plpgsql call in the trigger's WHEN, every
+-- row; most of it is the exception block that catches the 55000 above. The
+-- rest of the function still runs only for a row that fails. The migration replaces a function
 -- and the trigger's definition (CREATE OR REPLACE TRIGGER, a SHARE ROW
 -- EXCLUSIVE lock for an instant). It neither scans nor rewrites the table,
 -- and rows already in it stay as they are.

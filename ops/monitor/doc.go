@@ -6,7 +6,7 @@
 // retention cleanup (ops.Cleanup).
 //
 //	mon, err := monitor.New(monitor.Config{Pool: pool, Tables: tables})
-//	r, err := relay.New(relay.Config{Pool: pool, Tables: tables, Publisher: pub, Hooks: []relay.Hook{mon.Metrics()}})
+//	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Tables: tables, Sink: pub, Hooks: []relay.Hook{mon.Metrics()}}})
 //	go mon.Run(ctx)
 //	go http.ListenAndServe("127.0.0.1:9090", mon.Handler())
 //

@@ -102,7 +102,7 @@ type ReadyCheck = health.Check
 // watchdog and `outbox events` read them.)
 //
 //	mon, _ := monitor.New(monitor.Config{Pool: pool, Tables: tables})
-//	r, _ := relay.New(relay.Config{Pool: pool, Tables: tables, Publisher: pub, Hooks: []relay.Hook{mon.Metrics()}})
+//	r, _ := relay.New(relay.Config{Common: relay.Common{Pool: pool, Tables: tables, Sink: pub, Hooks: []relay.Hook{mon.Metrics()}}})
 //	go mon.Run(ctx)
 //	http.ListenAndServe("127.0.0.1:9090", mon.Handler())
 type Monitor struct {

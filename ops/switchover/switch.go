@@ -24,7 +24,7 @@ import (
 // or breaking an aggregate's order. The functions here do the database's
 // part of each direction and wait where the procedure waits; stopping and
 // starting the relayers stays with the operator, between the steps they
-// return after. The README ("Switching between the polling relay and the
+// return after. docs/wal.md ("Switching between the polling relay and the
 // WAL source") explains why each cut is exact.
 //
 // Poll -> WAL (PrepareSwitchToWAL): once the slot exists every event

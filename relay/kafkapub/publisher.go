@@ -180,12 +180,56 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		}
 		send = append(send, i)
 	}
-	p.send(ctx, msgs, send, errs)
-	if again := p.recreated(ctx, msgs, send, errs); len(again) > 0 {
-		p.send(ctx, msgs, again, errs)
+	var done []int
+	for w, idx := range rounds(msgs, send, len(limits)) {
+		if w > 0 {
+			idx = notBehindFailure(msgs, done, idx, errs)
+		}
+		p.send(ctx, msgs, idx, errs)
+		if again := p.recreated(ctx, msgs, idx, errs); len(again) > 0 {
+			p.send(ctx, msgs, again, errs)
+		}
+		done = append(done, idx...)
 	}
 	p.noteOutcome(ctx, send, errs)
 	return errs
+}
+
+// rounds splits idx (ascending) into the rounds Publish sends one after the
+// other. Kafka keeps order within a partition only, and an aggregate's
+// records to one topic share a partition (the key picks it); its records
+// to two topics do not, so one sent beside an earlier record of its
+// aggregate on another topic could be acknowledged while that one failed.
+// An aggregate's records therefore stay in one round while they go to one
+// topic, and a record to another topic than its aggregate's previous one
+// goes a round later, once the earlier ones are settled. With one topic
+// (topics), there is one round.
+func rounds(msgs []relay.Message, idx []int, topics int) [][]int {
+	if topics <= 1 || len(idx) <= 1 {
+		return [][]int{idx}
+	}
+	type last struct {
+		topic string
+		round int
+	}
+	seen := make(map[uuid.UUID]last, len(idx))
+	var out [][]int
+	for _, i := range idx {
+		m := &msgs[i]
+		r := 0
+		if l, ok := seen[m.AggregateID]; ok {
+			r = l.round
+			if l.topic != m.Topic {
+				r++
+			}
+		}
+		seen[m.AggregateID] = last{m.Topic, r}
+		if r == len(out) {
+			out = append(out, nil)
+		}
+		out[r] = append(out[r], i)
+	}
+	return out
 }
 
 // recreated purges the topics whose records of idx failed with

@@ -30,9 +30,7 @@ const sinkMaxBytes = 100_000
 // one), which the publisher narrows down to that record.
 func TestSinkConformance(t *testing.T) {
 	t.Parallel()
-	sinktest.Run(t, sinktest.Harness{Name: "kafka", New: kafkaSink, KnownDefects: map[string]string{
-		"AggregateAcrossDestinations": "Publish produces every record of a call at once, so an aggregate's record to a topic that works is acknowledged although its earlier record to another topic failed",
-	}})
+	sinktest.Run(t, sinktest.Harness{Name: "kafka", New: kafkaSink})
 }
 
 func kafkaSink(t *testing.T) *sinktest.Sink {

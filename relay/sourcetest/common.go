@@ -24,7 +24,7 @@ type BadCommon struct {
 // Common.Validate's words.
 var BadCommons = []BadCommon{
 	{"nil pool", func(c *relay.Common) { c.Pool = nil }, []string{"Config.Pool is nil", "pgxpool.Pool"}},
-	{"nil publisher", func(c *relay.Common) { c.Sink = nil }, []string{"Config.Publisher is nil", "kafkapub.NewPublisher"}},
+	{"nil sink", func(c *relay.Common) { c.Sink = nil }, []string{"Config.Sink is nil", "kafkapub.NewPublisher"}},
 	{"negative backoff min", func(c *relay.Common) { c.BackoffMin = -time.Millisecond }, []string{"BackoffMin is -1ms", "positive duration", "0 for the default"}},
 	{"negative backoff max", func(c *relay.Common) { c.BackoffMax = -time.Second }, []string{"BackoffMax is -1s"}},
 	{"negative shutdown timeout", func(c *relay.Common) { c.ShutdownTimeout = -time.Second }, []string{"ShutdownTimeout is -1s"}},

@@ -55,8 +55,8 @@ func open(t *testing.T, src Source, brokerOpts ...kfake.Opt) *env {
 	return &env{src: src, db: db, broker: b, producer: p}
 }
 
-// limitBroker is a broker whose message.max.bytes is 100,000, as in the
-// issue that found the poison-row defects.
+// limitBroker is a broker whose message.max.bytes is 100,000, small enough
+// that the poison scenarios' large events exceed it.
 func limitBroker() kfake.Opt {
 	return kfake.BrokerConfigs(map[string]string{"message.max.bytes": "100000"})
 }
@@ -224,96 +224,12 @@ var errRollback = errors.New("rolled back on purpose")
 // commit order, which the broker must follow.
 func (e *env) writeLoad(t *testing.T, events, aggregates, writers int, typ string) map[int64]event {
 	t.Helper()
-	// Generous: on a loaded 2-core machine under -race, with the other
-	// scenarios running, 20,000 events took up to 110s.
+	// Generous: a small machine under -race, running the other scenarios
+	// at once, writes a large load slowly.
 	ctx, cancel := context.WithTimeout(context.Background(), 240*time.Second)
 	defer cancel()
-	aggs := newAggregates(aggregates)
-	versions := pgident.Qualified(e.db.Tables.Schema, "sourcetest_versions")
-	if e.src.CommitOrder {
-		_, err := e.db.Pool.Exec(ctx, `CREATE TABLE `+versions+` (aggregate_id uuid PRIMARY KEY, v bigint NOT NULL)`)
-		require.NoError(t, err)
-		_, err = e.db.Pool.Exec(ctx, `INSERT INTO `+versions+` SELECT unnest($1::uuid[]), 0`, aggs)
-		require.NoError(t, err)
-	}
-	// The writers' own durability is not under test, and on a shared
-	// 2-core machine an fsync per commit made them the slowest part.
-	cfg, err := pgxpool.ParseConfig(e.db.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = int32(writers)
-	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	bump := `UPDATE ` + versions + ` SET v = v + $2 WHERE aggregate_id = $1 RETURNING v`
-
-	// write writes one transaction's events and returns them: with
-	// EmitBatch, or plain INSERTs pipelined with the version bumps.
-	write := func(ctx context.Context, tx pgx.Tx, evs []outbox.Event, plain bool) (map[int64]event, error) {
-		counts := map[uuid.UUID]int64{}
-		for _, ev := range evs {
-			counts[ev.AggregateID]++
-		}
-		order := slices.SortedFunc(maps.Keys(counts), func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
-		var ids []int64
-		var err error
-		if !plain {
-			if ids, err = e.producer.EmitBatch(ctx, tx, evs); err != nil {
-				return nil, err
-			}
-		}
-		after := map[uuid.UUID]int64{} // each aggregate's version after this transaction
-		if e.src.CommitOrder {
-			b := &pgx.Batch{}
-			if plain {
-				for _, ev := range evs {
-					e.queuePlainInsert(b, ev)
-				}
-			}
-			for _, agg := range order {
-				b.Queue(bump, agg, counts[agg])
-			}
-			br := tx.SendBatch(ctx, b)
-			if plain {
-				ids = make([]int64, len(evs))
-				for i := range ids {
-					if err := br.QueryRow().Scan(&ids[i]); err != nil {
-						br.Close() //nolint:errcheck // reporting the insert's error
-						return nil, err
-					}
-				}
-			}
-			for _, agg := range order {
-				var v int64
-				if err := br.QueryRow().Scan(&v); err != nil {
-					br.Close() //nolint:errcheck // reporting the update's error
-					return nil, err
-				}
-				after[agg] = v
-			}
-			if err := br.Close(); err != nil {
-				return nil, err
-			}
-		}
-		got := make(map[int64]event, len(ids))
-		for i, id := range ids {
-			agg := evs[i].AggregateID
-			seq := id
-			if e.src.CommitOrder {
-				// The transaction's own events of an aggregate follow
-				// their insert order, the last one at the new version.
-				later := int64(0)
-				for _, ev := range evs[i+1:] {
-					if ev.AggregateID == agg {
-						later++
-					}
-				}
-				seq = after[agg] - later
-			}
-			got[id] = event{agg: agg, seq: seq}
-		}
-		return got, nil
-	}
+	lw := e.openLoad(ctx, t, aggregates, writers)
+	defer lw.pool.Close()
 
 	var mu sync.Mutex
 	committed := make(map[int64]event, events)
@@ -324,43 +240,178 @@ func (e *env) writeLoad(t *testing.T, events, aggregates, writers int, typ strin
 			share++
 		}
 		wg.Go(func() {
-			rnd := rand.New(rand.NewPCG(uint64(w), 42))
-			for done, txn := 0, 0; done < share; txn++ {
-				k := min(1+rnd.IntN(5), share-done)
-				batch := make([]outbox.Event, k)
-				for i := range batch {
-					batch[i] = outbox.Event{AggregateID: aggs[rnd.IntN(len(aggs))], Type: typ,
-						Payload: map[string]any{"writer": w, "txn": txn}, Headers: map[string]string{"writer": strconv.Itoa(w)}}
-				}
-				plain := e.src.CommitOrder && txn%2 == 1
-				rollback := txn%10 == 9
-				var got map[int64]event
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					var err error
-					if got, err = write(ctx, tx, batch, plain); err != nil {
-						return err
-					}
-					if rollback {
-						return errRollback
-					}
-					return nil
-				})
-				if rollback && errors.Is(err, errRollback) {
-					continue
-				}
-				if err != nil {
-					t.Errorf("writer %d: %v", w, err)
-					return
-				}
+			lw.writeShare(ctx, t, w, share, typ, func(got map[int64]event) {
 				mu.Lock()
 				maps.Copy(committed, got)
 				mu.Unlock()
-				done += k
-			}
+			})
 		})
 	}
 	wg.Wait()
 	return committed
+}
+
+// load is what writeLoad's writers share.
+type load struct {
+	e    *env
+	pool *pgxpool.Pool // writers' connections, without synchronous commit
+	aggs []uuid.UUID
+	// bump adds $2 to the version of aggregate $1 and returns it; empty
+	// unless the source keeps commit order.
+	bump string
+}
+
+// openLoad creates the aggregates (and their version table, for a source
+// that keeps commit order) and a pool for writers writers; the caller
+// closes the pool.
+func (e *env) openLoad(ctx context.Context, t *testing.T, aggregates, writers int) *load {
+	t.Helper()
+	lw := &load{e: e, aggs: newAggregates(aggregates)}
+	if e.src.CommitOrder {
+		versions := pgident.Qualified(e.db.Tables.Schema, "sourcetest_versions")
+		_, err := e.db.Pool.Exec(ctx, `CREATE TABLE `+versions+` (aggregate_id uuid PRIMARY KEY, v bigint NOT NULL)`)
+		require.NoError(t, err)
+		_, err = e.db.Pool.Exec(ctx, `INSERT INTO `+versions+` SELECT unnest($1::uuid[]), 0`, lw.aggs)
+		require.NoError(t, err)
+		lw.bump = `UPDATE ` + versions + ` SET v = v + $2 WHERE aggregate_id = $1 RETURNING v`
+	}
+	// The writers' own durability is not under test, and on a shared
+	// 2-core machine an fsync per commit made them the slowest part.
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = int32(writers)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	lw.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	return lw
+}
+
+// writeShare is writer w's part of the load: transactions of 1 to 5
+// random events until share of them committed, one transaction in ten
+// rolled back, every other one plain INSERTs for a source that keeps
+// commit order. It hands each committed transaction's events to commit.
+func (lw *load) writeShare(ctx context.Context, t *testing.T, w, share int, typ string, commit func(map[int64]event)) {
+	rnd := rand.New(rand.NewPCG(uint64(w), 42))
+	for done, txn := 0, 0; done < share; txn++ {
+		k := min(1+rnd.IntN(5), share-done)
+		batch := make([]outbox.Event, k)
+		for i := range batch {
+			batch[i] = outbox.Event{AggregateID: lw.aggs[rnd.IntN(len(lw.aggs))], Type: typ,
+				Payload: map[string]any{"writer": w, "txn": txn}, Headers: map[string]string{"writer": strconv.Itoa(w)}}
+		}
+		plain := lw.e.src.CommitOrder && txn%2 == 1
+		rollback := txn%10 == 9
+		var got map[int64]event
+		err := pgx.BeginFunc(ctx, lw.pool, func(tx pgx.Tx) error {
+			var err error
+			if got, err = lw.write(ctx, tx, batch, plain); err != nil {
+				return err
+			}
+			if rollback {
+				return errRollback
+			}
+			return nil
+		})
+		if rollback && errors.Is(err, errRollback) {
+			continue
+		}
+		if err != nil {
+			t.Errorf("writer %d: %v", w, err)
+			return
+		}
+		commit(got)
+		done += k
+	}
+}
+
+// write writes one transaction's events and returns them: with EmitBatch,
+// or (plain) INSERTs pipelined with the version bumps.
+func (lw *load) write(ctx context.Context, tx pgx.Tx, evs []outbox.Event, plain bool) (map[int64]event, error) {
+	var ids []int64
+	if !plain {
+		var err error
+		if ids, err = lw.e.producer.EmitBatch(ctx, tx, evs); err != nil {
+			return nil, err
+		}
+	}
+	if !lw.e.src.CommitOrder {
+		got := make(map[int64]event, len(ids))
+		for i, id := range ids {
+			got[id] = event{agg: evs[i].AggregateID, seq: id}
+		}
+		return got, nil
+	}
+	plainIDs, after, err := lw.insertAndBump(ctx, tx, evs, plain)
+	if err != nil {
+		return nil, err
+	}
+	if plain {
+		ids = plainIDs
+	}
+	return versionedEvents(evs, ids, after), nil
+}
+
+// insertAndBump sends, in one pipeline, the plain INSERTs of evs (if
+// plain) and the version bumps of their aggregates, in one order for all
+// writers. It returns the inserted ids (nil unless plain) and each
+// aggregate's version after the transaction.
+func (lw *load) insertAndBump(ctx context.Context, tx pgx.Tx, evs []outbox.Event, plain bool) (ids []int64, after map[uuid.UUID]int64, err error) {
+	counts := map[uuid.UUID]int64{}
+	for _, ev := range evs {
+		counts[ev.AggregateID]++
+	}
+	order := slices.SortedFunc(maps.Keys(counts), func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
+	b := &pgx.Batch{}
+	if plain {
+		for _, ev := range evs {
+			lw.e.queuePlainInsert(b, ev)
+		}
+	}
+	for _, agg := range order {
+		b.Queue(lw.bump, agg, counts[agg])
+	}
+	br := tx.SendBatch(ctx, b)
+	if plain {
+		ids = make([]int64, len(evs))
+		for i := range ids {
+			if err := br.QueryRow().Scan(&ids[i]); err != nil {
+				br.Close() //nolint:errcheck // reporting the insert's error
+				return nil, nil, err
+			}
+		}
+	}
+	after = make(map[uuid.UUID]int64, len(order))
+	for _, agg := range order {
+		var v int64
+		if err := br.QueryRow().Scan(&v); err != nil {
+			br.Close() //nolint:errcheck // reporting the update's error
+			return nil, nil, err
+		}
+		after[agg] = v
+	}
+	if err := br.Close(); err != nil {
+		return nil, nil, err
+	}
+	return ids, after, nil
+}
+
+// versionedEvents places the events evs (written with ids) in their
+// aggregates' commit order: a transaction's own events of an aggregate
+// follow their insert order, the last one at the aggregate's version
+// after the transaction.
+func versionedEvents(evs []outbox.Event, ids []int64, after map[uuid.UUID]int64) map[int64]event {
+	got := make(map[int64]event, len(ids))
+	for i, id := range ids {
+		agg := evs[i].AggregateID
+		later := int64(0)
+		for _, ev := range evs[i+1:] {
+			if ev.AggregateID == agg {
+				later++
+			}
+		}
+		got[id] = event{agg: agg, seq: after[agg] - later}
+	}
+	return got
 }
 
 // record is what a test reads back from the broker.

@@ -61,26 +61,55 @@ func PublishPathProperty(t *testing.T, src Source) {
 	rnd := rand.New(rand.NewPCG(seed, 9))
 
 	e := open(t, src, limitBroker())
-	const limit = 100_000
+	all := e.writePropertyRows(t, rnd, rows)
+	var rs []*Relayer
+	for range 3 {
+		rs = append(rs, e.src.Start(t, e.db, e.publisher(t, kafkapub.PublisherConfig{}), RelayerConfig{HoldOut: time.Second, BatchSize: 50 + rnd.IntN(200)}))
+	}
+	var published map[int64]bool
+	var sidelined map[int64]string
+	if src.Holds {
+		published, sidelined = e.checkHeldRounds(t, all)
+	} else {
+		published, sidelined = e.checkSetAside(t, all)
+	}
+	e.checkPublishedRows(t, all, published)
+	stopAll(rs)
+	require.Empty(t, src.Unacked(t, e.db), "%s: left to publish after a graceful stop", src.Name)
+	byReason := map[string]int{}
+	for _, r := range all {
+		byReason[r.reason]++
+	}
+	t.Logf("%s: %d rows: %d published, %d set aside; by reason: %v", src.Name, len(all), len(published), len(sidelined), byReason)
+}
+
+// propertyLimit is the property broker's message.max.bytes (limitBroker).
+const propertyLimit = 100_000
+
+// propertyRow is a row the property wrote, and what the oracle says of it.
+type propertyRow struct {
+	id      int64
+	agg     uuid.UUID
+	typ     string
+	payload string // as stored: payload::text
+	reason  string // why it cannot be published; "" when it can
+}
+
+// writePropertyRows writes n random rows on 12 aggregates by plain SQL.
+// The insert guard (migration 6) must refuse exactly the rows guardOracle
+// says it refuses; such a row is then written as one from before the
+// migration, which the relayers must still handle.
+func (e *env) writePropertyRows(t *testing.T, rnd *rand.Rand, n int) []*propertyRow {
+	t.Helper()
 	ctx := context.Background()
 	aggs := newAggregates(12)
-	type row struct {
-		id      int64
-		agg     uuid.UUID
-		typ     string
-		payload string // as stored: payload::text
-		reason  string // why it cannot be published; "" when it can
-	}
-	var all []*row
+	var all []*propertyRow
 	refused := map[string]int{}
 	insert := `INSERT INTO ` + e.db.Tables.OutboxIdent() + ` (aggregate_id, type, payload, headers) VALUES ($1, $2, $3::jsonb, NULLIF($4, '')::jsonb) RETURNING id, payload::text`
-	for range rows {
-		r := &row{agg: aggs[rnd.IntN(len(aggs))], typ: randomType(rnd)}
+	for range n {
+		r := &propertyRow{agg: aggs[rnd.IntN(len(aggs))], typ: randomType(rnd)}
 		payload, headers := randomPayload(rnd), randomHeaders(rnd)
 		err := e.db.Pool.QueryRow(ctx, insert, r.agg, r.typ, payload, headers).Scan(&r.id, &r.payload)
-		// The insert guard (migration 6) refuses what it can see cannot
-		// be published; such a row is then written as one from before the
-		// migration, which the relayers must still handle.
 		if rule := guardOracle(r.typ, headers); rule != "" {
 			var pgErr *pgconn.PgError
 			require.True(t, errors.As(err, &pgErr), "type %q headers %.100s: the guard should refuse it (%s): %v", r.typ, headers, rule, err)
@@ -93,18 +122,98 @@ func PublishPathProperty(t *testing.T, src Source) {
 		} else {
 			require.NoError(t, err, "type %q payload %.100s headers %.100s", r.typ, payload, headers)
 		}
-		r.reason = oracle(r.id, r.typ, r.payload, headers, src.EventSource, limit)
+		r.reason = oracle(r.id, r.typ, r.payload, headers, e.src.EventSource, propertyLimit)
 		all = append(all, r)
 	}
 	t.Logf("refused at insert, then written as rows from before migration 6: %v", refused)
+	return all
+}
 
-	var rs []*Relayer
-	for range 3 {
-		rs = append(rs, e.src.Start(t, e.db, e.publisher(t, kafkapub.PublisherConfig{}), RelayerConfig{HoldOut: time.Second, BatchSize: 50 + rnd.IntN(200)}))
+// checkHeldRounds checks a source that holds, round by round: per
+// aggregate, the rows up to its first unpublishable row go out, that row
+// is held with its reason, the rest wait; then the held rows are parked
+// and the next round begins, until nothing is held. It returns the rows
+// published and the rows parked, with their reasons.
+func (e *env) checkHeldRounds(t *testing.T, all []*propertyRow) (published map[int64]bool, sidelined map[int64]string) {
+	t.Helper()
+	published, sidelined = map[int64]bool{}, map[int64]string{}
+	parked := map[int64]bool{}
+	for round := 1; ; round++ {
+		wantHeld, wantPending := expectRound(all, parked, published)
+		var pending []int64
+		var held map[int64]string
+		waitFor(60*time.Second, func() bool {
+			pending = e.src.Unacked(t, e.db)
+			held = reasons(e.src.Sidelined(t, e.db))
+			return slices.Equal(pending, wantPending) && maps.Equal(held, wantHeld)
+		})
+		require.Equal(t, wantPending, append([]int64(nil), pending...), "round %d: pending rows", round)
+		require.Equal(t, wantHeld, held, "round %d: held rows and their reasons", round)
+		t.Logf("round %d: %d published so far, %d held (%v), %d pending", round, len(published), len(held), reasonCounts(held), len(pending))
+		if len(wantHeld) == 0 {
+			return published, sidelined
+		}
+		for id, reason := range wantHeld {
+			res, err := ops.Park(context.Background(), e.db.Pool, ops.ParkConfig{Tables: e.db.Tables, ID: id, Reason: "property test", Apply: true})
+			require.NoError(t, err)
+			require.True(t, res.Applied)
+			parked[id] = true
+			sidelined[id] = reason
+		}
 	}
+}
 
-	published := map[int64]bool{}
-	sidelined := map[int64]string{}
+// expectRound is what the oracle expects of a holding source once the
+// rows parked are out of the way: per aggregate, the rows up to its first
+// unpublishable row go out (added to published); that row is held (with
+// its reason, in held); it and the rest of the aggregate's rows are
+// pending.
+func expectRound(all []*propertyRow, parked, published map[int64]bool) (held map[int64]string, pending []int64) {
+	held = map[int64]string{}
+	blocked := map[uuid.UUID]bool{}
+	for _, r := range all {
+		switch {
+		case parked[r.id]:
+		case blocked[r.agg]:
+			pending = append(pending, r.id)
+		case r.reason != "":
+			blocked[r.agg] = true
+			held[r.id] = r.reason
+			pending = append(pending, r.id)
+		default:
+			published[r.id] = true
+		}
+	}
+	return held, pending
+}
+
+// checkSetAside checks a source that does not hold: every unpublishable
+// row is set aside at once, with its reason, and no other. It returns the
+// rows to be published and the rows set aside, with their reasons.
+func (e *env) checkSetAside(t *testing.T, all []*propertyRow) (published map[int64]bool, sidelined map[int64]string) {
+	t.Helper()
+	published = map[int64]bool{}
+	want := map[int64]string{}
+	for _, r := range all {
+		if r.reason != "" {
+			want[r.id] = r.reason
+		} else {
+			published[r.id] = true
+		}
+	}
+	var got map[int64]string
+	waitFor(60*time.Second, func() bool {
+		got = reasons(e.src.Sidelined(t, e.db))
+		return maps.Equal(got, want)
+	})
+	require.Equal(t, want, got, "every unpublishable row is set aside at once, with its reason, and no other")
+	return published, got
+}
+
+// checkPublishedRows checks that the broker has every published row,
+// byte-exact, under its key, in per-aggregate order, and no other.
+func (e *env) checkPublishedRows(t *testing.T, all []*propertyRow, published map[int64]bool) {
+	t.Helper()
 	topics := map[string]bool{}
 	for _, r := range all {
 		if r.reason == "" {
@@ -112,75 +221,8 @@ func PublishPathProperty(t *testing.T, src Source) {
 			topics[topic] = true
 		}
 	}
-	if src.Holds {
-		parked := map[int64]bool{}
-		for round := 1; ; round++ {
-			// What the oracle expects now: per aggregate, the rows up to its
-			// first unpublishable row (not parked) go out; that row is held;
-			// the rest wait.
-			wantHeld := map[int64]string{}
-			var wantPending []int64
-			blocked := map[uuid.UUID]bool{}
-			for _, r := range all {
-				switch {
-				case parked[r.id]:
-				case blocked[r.agg]:
-					wantPending = append(wantPending, r.id)
-				case r.reason != "":
-					blocked[r.agg] = true
-					wantHeld[r.id] = r.reason
-					wantPending = append(wantPending, r.id)
-				default:
-					published[r.id] = true
-				}
-			}
-			var pending []int64
-			var held map[int64]string
-			waitFor(60*time.Second, func() bool {
-				pending = src.Unacked(t, e.db)
-				held = reasons(src.Sidelined(t, e.db))
-				return slices.Equal(pending, wantPending) && maps.Equal(held, wantHeld)
-			})
-			require.Equal(t, wantPending, append([]int64(nil), pending...), "round %d: pending rows", round)
-			require.Equal(t, wantHeld, held, "round %d: held rows and their reasons", round)
-			t.Logf("round %d: %d published so far, %d held (%v), %d pending", round, len(published), len(held), reasonCounts(held), len(pending))
-			if len(wantHeld) == 0 {
-				break
-			}
-			for id, reason := range wantHeld {
-				res, err := ops.Park(ctx, e.db.Pool, ops.ParkConfig{Tables: e.db.Tables, ID: id, Reason: "property test", Apply: true})
-				require.NoError(t, err)
-				require.True(t, res.Applied)
-				parked[id] = true
-				sidelined[id] = reason
-			}
-		}
-	} else {
-		want := map[int64]string{}
-		for _, r := range all {
-			if r.reason != "" {
-				want[r.id] = r.reason
-			} else {
-				published[r.id] = true
-			}
-		}
-		var got map[int64]string
-		waitFor(60*time.Second, func() bool {
-			got = reasons(src.Sidelined(t, e.db))
-			return maps.Equal(got, want)
-		})
-		require.Equal(t, want, got, "every unpublishable row is set aside at once, with its reason, and no other")
-		sidelined = got
-	}
-
-	// The broker has every published row, byte-exact, under its key, in
-	// per-aggregate order, and no other.
-	var names []string
-	for topic := range topics {
-		names = append(names, topic)
-	}
-	recs := e.consume(t, len(published), 60*time.Second, names...)
-	byID := map[int64]*row{}
+	recs := e.consume(t, len(published), 60*time.Second, slices.Collect(maps.Keys(topics))...)
+	byID := map[int64]*propertyRow{}
 	for _, r := range all {
 		byID[r.id] = r
 	}
@@ -192,7 +234,7 @@ func PublishPathProperty(t *testing.T, src Source) {
 		require.Equal(t, r.agg.String(), rec.Key)
 		require.Equal(t, r.payload, rec.Value, "event %d: the published value is the stored payload", r.id)
 		require.Equal(t, r.typ, rec.Headers[outbox.HeaderEventType])
-		require.Equal(t, src.EventSource, rec.Headers[outbox.HeaderEventSource])
+		require.Equal(t, e.src.EventSource, rec.Headers[outbox.HeaderEventSource])
 		got[r.id] = true
 	}
 	require.Equal(t, len(published), len(got), "every publishable row reached the broker")
@@ -209,13 +251,6 @@ func PublishPathProperty(t *testing.T, src Source) {
 	for _, inTopic := range byTopic {
 		checkOrder(t, committed, inTopic)
 	}
-	stopAll(rs)
-	require.Empty(t, src.Unacked(t, e.db), "%s: left to publish after a graceful stop", src.Name)
-	byReason := map[string]int{}
-	for _, r := range all {
-		byReason[r.reason]++
-	}
-	t.Logf("%s: %d rows: %d published, %d set aside; by reason: %v", src.Name, len(all), len(published), len(sidelined), byReason)
 }
 
 // oracle says why a row cannot be published, or "": the wire contract, in

@@ -26,7 +26,7 @@ const (
 )
 
 // Config configures a Relayer: the fields every source shares
-// (relay.Common; Pool and Publisher are required) and the WAL source's
+// (relay.Common; Pool and Sink are required) and the WAL source's
 // own. Of Common's: the relayer takes its leader lock, heartbeats, parks
 // refused events and reads the slot's state through Pool, and opens its
 // replication connection with the pool's connection settings (plus
@@ -86,9 +86,9 @@ type Config struct {
 	// Linger is how long the relayer lets the replication connection fill
 	// before it reads again, once a read took in everything the server had
 	// sent: on a busy outbox, one read then takes in many transactions,
-	// instead of one message each, which saves the relayer about a third
-	// of its CPU per event (CPU the database needs too, on a shared host)
-	// and makes batches larger. An event waits at most this long for it;
+	// instead of one message each, which saves the relayer CPU per event
+	// (CPU the database needs too, on a shared host; BENCHMARKS.md has
+	// figures) and makes batches larger. An event waits at most this long for it;
 	// the first after a quiet spell is read at once, and a stream that is
 	// behind (reading transactions that committed over 100ms ago, by this
 	// host's clock) is read without pause. A negative value turns it off,

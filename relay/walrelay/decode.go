@@ -204,8 +204,8 @@ func (st *streamer) decode(xld pglogrepl.XLogData) error {
 		st.commit = m.CommitTime
 		if st.lc != nil {
 			// Behind, the walsender is the bottleneck: read it without
-			// pause (a backlog of small transactions drained 10-30%
-			// slower with a 2 ms linger).
+			// pause (lingering would slow the draining of a backlog of
+			// small transactions).
 			st.lc.behind.Store(time.Since(m.CommitTime) > behindAge)
 		}
 	case *pglogrepl.CommitMessage:

@@ -11,7 +11,7 @@
 //	err = r.Run(ctx) // until ctx is cancelled
 //
 // It is a relay.Source, configured with the relay.Common every source
-// shares: the same Hooks (ops.Metrics sees its batches and its parked
+// shares: the same Hooks (monitor.Metrics sees its batches and its parked
 // events), the same "send <topic>" spans linked to each event's Emit span,
 // and the same Stats shape as the polling relay.
 //
@@ -57,7 +57,7 @@
 //   - outbox.ModeInsert, a plain insert (Emit, the SQL emit function,
 //     INSERT): rows stay in the table with dispatched_at NULL, which this
 //     source never sets. The WAL, not the row, is what gets published;
-//     ops.Cleanup (with CleanupConfig.WALSlot, as `outbox cleanup` sets
+//     ops.Cleanup (with CleanupConfig.Source, as `outbox cleanup` sets
 //     it) deletes rows past retention once the slot has confirmed them,
 //     keeping the rows a lost slot's gap would be republished from. With
 //     this source only, the producer needs neither the per-aggregate lock

@@ -17,11 +17,9 @@ const lingerBelow = 4096
 // The walsender writes each message of the stream (BEGIN, each change,
 // COMMIT) on its own. A reader that keeps up takes each in with a read of
 // its own, and pays for each a wake-up, a read and a round of the stream
-// loop. On a busy outbox that costs the relayer more than publishing does.
-// Measured with the relayer and its dev broker in a process of their own
-// beside pgbench (BenchmarkStreamBesidePgbench, BENCHMARKS.md): 65-72 µs
-// of CPU per event without the linger, 48-51 µs with 2 ms, for plain
-// inserts at 4,200-4,700 transactions/s.
+// loop. On a busy outbox that costs the relayer more CPU than publishing
+// does (BenchmarkStreamBesidePgbench shows the cost per event with and
+// without the linger).
 //
 // So, once a read has taken in everything the server had sent (it came
 // back short of the buffer), the next read waits until linger has passed

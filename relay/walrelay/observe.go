@@ -15,7 +15,7 @@ import (
 // claim.
 
 // publish sends one try of a batch through the Observer (in its "send
-// <topic>" spans) and returns one error per message: a Publisher that
+// <topic>" spans) and returns one error per message: a Sink that
 // answered with the wrong number of results fails them all, transiently.
 func (r *Relayer) publish(ctx context.Context, send []relay.Message) []error {
 	if len(send) == 0 {
@@ -32,7 +32,7 @@ func (r *Relayer) publish(ctx context.Context, send []relay.Message) []error {
 }
 
 // observe reports one try of a batch to the hooks: n items, of which send
-// went to the Publisher with results errs, park were refused for good
+// went to the Sink with results errs, park were refused for good
 // (before sending, or by the broker) and notParked of those could not be
 // parked yet (they go round again). Every failure is a PublishFailure;
 // the parked are the BatchResult's Holds (Until zero: parked, not held).

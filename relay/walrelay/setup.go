@@ -164,7 +164,7 @@ func legacySlot(ctx context.Context, db outbox.DB, t outbox.Tables, def string) 
 // it decodes, so a slot older than its publication fails on the changes
 // in between. Creating a slot waits for the transactions open at that
 // moment to end. Events committed before the slot exists are not in it:
-// see the README for moving an outbox from polling to the WAL.
+// docs/wal.md says how to move an outbox from polling to the WAL.
 //
 // Drop both with Teardown (`outbox relay --mode wal --teardown`). A slot
 // nobody reads keeps WAL on the server's disk without limit (unless

@@ -187,9 +187,9 @@ func TestRestartMidStreamLosesNothing(t *testing.T) {
 	for i := 0; ; i++ {
 		r := b.relayer(t, nil)
 		stop := run(t, r)
-		// Stopped once it streams: a stop while Run is still starting
-		// returns an error (a known defect, the conformance suite's
-		// StopWhileStarting), which is not what this test is about.
+		// Stopped once it streams: a stop while Run is still starting is
+		// the conformance suite's StopWhileStarting, not this test's
+		// concern.
 		waitLeading(t, r)
 		select {
 		case <-done:

@@ -185,7 +185,8 @@ type Table struct {
 	Rows    [][]string `json:"rows"`
 }
 
-// Target is one of the issue's targets next to what this run measured.
+// Target is one of the project's performance targets next to what this run
+// measured.
 type Target struct {
 	Name     string `json:"name"`
 	Goal     string `json:"goal"`

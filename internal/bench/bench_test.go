@@ -13,8 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/outbox/bench"
 	"github.com/pgoutbox/outbox/cli"
+	"github.com/pgoutbox/outbox/internal/bench"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/tmppg"
 )
@@ -56,7 +56,7 @@ func shortConfig(t *testing.T) bench.Config {
 	return bench.Config{
 		DatabaseURL:  pgtest.URL(),
 		Short:        true,
-		WatermillDir: "watermill",
+		WatermillDir: "../../bench/watermill",
 		OutboxCommand: func(ctx context.Context, args ...string) *exec.Cmd {
 			cmd := exec.CommandContext(ctx, os.Args[0], args...)
 			cmd.Env = append(os.Environ(), cliChildEnv+"=1")

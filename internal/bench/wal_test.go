@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgoutbox/outbox/bench"
+	"github.com/pgoutbox/outbox/internal/bench"
 	"github.com/pgoutbox/outbox/internal/tmppg"
 )
 

@@ -79,7 +79,7 @@ func runScale(ctx context.Context, s *session) (*Result, error) {
 	r := res.Metrics[fmt.Sprintf("scale.%d.claim_p50_ms", top)] / baseClaim
 	res.target(fmt.Sprintf("claim at %s dispatched rows", thousands(top)), "<= 1.2x the claim on an empty table", fmt.Sprintf("%.2fx (%.2f vs %.2f ms)", r, res.Metrics[fmt.Sprintf("scale.%d.claim_p50_ms", top)], baseClaim), r <= 1.2)
 	if top < 10_000_000 {
-		res.note("the issue's target is at 10M dispatched rows; this run stopped at %s (pass --scale-rows 0,1000000,10000000)", thousands(top))
+		res.note("the target is at 10M dispatched rows; this run stopped at %s (pass --scale-rows 0,1000000,10000000)", thousands(top))
 	}
 	return res, nil
 }

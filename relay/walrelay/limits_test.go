@@ -32,7 +32,10 @@ import (
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
-// Tests of the defects found in review (the README lists what remains as "Known limits").
+// Tests of the WAL source at its limits: a lost slot, batch and queue bytes,
+// unknown and invalid topics, shutdown with a batch in flight, a change of
+// leader, an event that cannot be parked, and the config's bounds (docs/wal.md,
+// "Known limits", lists what the source does not handle).
 
 func (b *bundle) insert(t *testing.T, typ, payload string) int64 {
 	t.Helper()

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/cputime"
 	"github.com/pgoutbox/outbox/ops"
@@ -273,22 +275,12 @@ func medianRound(rounds []bizOutcome) bizOutcome {
 // the reader needs to take in what is left, the dead tuples, and what
 // cleaning up the relayed rows costs.
 func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Duration, recv string) (o bizOutcome, err error) {
-	if err := e.exec(ctx, "TRUNCATE orders, "+e.tables.OutboxIdent()); err != nil {
+	if err := e.resetBizTables(ctx); err != nil {
 		return o, err
 	}
-	if err := e.exec(ctx, "ALTER TABLE "+e.tables.OutboxIdent()+" RESET (autovacuum_enabled)"); err != nil {
+	fn, err := bizEmitter(r)
+	if err != nil {
 		return o, err
-	}
-	if err := e.vacuum(ctx); err != nil {
-		return o, err
-	}
-	fn := emitTx(nil, emitVariant{})
-	if r.emit {
-		p, err := outbox.NewProducer(r.cfg)
-		if err != nil {
-			return o, err
-		}
-		fn = emitTx(p, emitVariant{events: 1})
 	}
 	var b *broker
 	if r.reader == readPoll || r.reader == readWAL {
@@ -297,7 +289,6 @@ func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Dura
 		}
 		defer b.close()
 	}
-	prefix := fmt.Sprintf("bench%s_%s_", e.id, randomID())
 	var slot string
 	if r.reader == readRecvlogical || r.reader == readWAL {
 		// The named result, not a shadow: the slot's teardown error joins it.
@@ -307,79 +298,157 @@ func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Dura
 		}
 		defer func() { err = errors.Join(err, e.teardownSlot(context.WithoutCancel(ctx), slot)) }()
 	}
-	var (
-		relayed   func() int64
-		batches   func() int64
-		waitAfter func(end int64) error // until the reader has taken in everything before WAL position end
-		stop      func() error
-	)
+	rd, err := e.startBizReader(ctx, s, r, b, slot, recv)
+	if err != nil {
+		return o, err
+	}
+	defer rd.release()
+	av0, err := e.measureWindow(ctx, s, rd, slot, window, fn, &o)
+	if err != nil {
+		return o, err
+	}
+	if r.emit {
+		// The polling relay's backends count its UPDATEs' dead tuples: stop
+		// it (its sessions report at exit) before reading them. The WAL
+		// relay writes nothing to the table, and confirms the slot cleanup
+		// waits for.
+		if r.reader == readPoll {
+			if err := rd.stopNow(); err != nil {
+				return o, err
+			}
+		}
+		if err := e.measureAftermath(ctx, r, slot, av0, &o); err != nil {
+			return o, err
+		}
+	}
+	return o, rd.stopNow()
+}
+
+// resetBizTables empties the orders and the outbox, gives autovacuum back
+// to the outbox, and vacuums, so that no row starts with another's dead
+// tuples.
+func (e *env) resetBizTables(ctx context.Context) error {
+	if err := e.exec(ctx, "TRUNCATE orders, "+e.tables.OutboxIdent()); err != nil {
+		return err
+	}
+	if err := e.exec(ctx, "ALTER TABLE "+e.tables.OutboxIdent()+" RESET (autovacuum_enabled)"); err != nil {
+		return err
+	}
+	return e.vacuum(ctx)
+}
+
+// bizEmitter is the business transaction of the row: the orders insert,
+// and one event emitted with the row's producer configuration if it has an
+// outbox.
+func bizEmitter(r bizRun) (func(ctx context.Context, tx pgx.Tx, n int) error, error) {
+	if !r.emit {
+		return emitTx(nil, emitVariant{}), nil
+	}
+	p, err := outbox.NewProducer(r.cfg)
+	if err != nil {
+		return nil, err
+	}
+	return emitTx(p, emitVariant{events: 1}), nil
+}
+
+// bizReading is the reader of a business row, once started and caught up
+// with the empty outbox.
+type bizReading struct {
+	// relayed and batches count what the relayer published (nil: the
+	// reader does not count them).
+	relayed, batches func() int64
+	// catchUp waits until the reader has taken in the txs events written
+	// before WAL position end (nil: no reader).
+	catchUp func(txs, end int64) error
+	stop    func() error // nil: no reader, or stopped already
+	// release frees the reader on every path; after stop, a no-op.
+	release func()
+}
+
+// stopNow stops the reader, once: a second call returns nil.
+func (rd *bizReading) stopNow() error {
+	stop := rd.stop
+	rd.stop = nil
+	if stop == nil {
+		return nil
+	}
+	return stop()
+}
+
+// startBizReader starts the row's reader (on b and slot, as the reader
+// needs) and waits until it reads from the empty outbox.
+func (e *env) startBizReader(ctx context.Context, s *session, r bizRun, b *broker, slot, recv string) (*bizReading, error) {
+	rd := &bizReading{release: func() {}}
+	prefix := fmt.Sprintf("bench%s_%s_", e.id, randomID())
 	switch r.reader {
 	case readPoll:
 		g, err := e.startRelayers(ctx, b, 1, prefix, false, nil)
 		if err != nil {
-			return o, err
+			return nil, err
 		}
-		defer g.stop() //nolint:errcheck // stopped below; a second stop is a no-op
-		relayed, batches, stop = g.dispatched.Load, g.batches.Load, g.stop
-		waitAfter = func(int64) error { _, err := g.waitFor(ctx, o.txs, drainTimeout(o.txs)); return err }
+		rd.release = func() { _ = g.stop() } // stopped by stopNow; a second stop is a no-op
+		rd.relayed, rd.batches, rd.stop = g.dispatched.Load, g.batches.Load, g.stop
+		rd.catchUp = func(txs, _ int64) error { _, err := g.waitFor(ctx, txs, drainTimeout(txs)); return err }
 		time.Sleep(300 * time.Millisecond) // the first (empty) poll, and LISTEN
 	case readWAL:
 		w, err := e.startWALWith(ctx, b, prefix, 0, nil, r.mode == "message")
 		if err != nil {
-			return o, err
+			return nil, err
 		}
-		defer w.stop() //nolint:errcheck // stopped below; a second stop is a no-op
 		if err := w.waitLeading(ctx); err != nil {
-			return o, err
+			_ = w.stop()
+			return nil, err
 		}
-		relayed, stop = func() int64 { return w.r.Stats().Dispatched }, w.stop
-		batches = func() int64 { return w.r.Stats().Batches }
-		waitAfter = func(int64) error { _, err := w.waitFor(ctx, o.txs, drainTimeout(o.txs)); return err }
+		rd.release = func() { _ = w.stop() } // stopped by stopNow; a second stop is a no-op
+		rd.relayed, rd.stop = func() int64 { return w.r.Stats().Dispatched }, w.stop
+		rd.batches = func() int64 { return w.r.Stats().Batches }
+		rd.catchUp = func(txs, _ int64) error { _, err := w.waitFor(ctx, txs, drainTimeout(txs)); return err }
 	case readRecvlogical:
 		rl, err := startRecvlogical(ctx, recv, s.cfg.DatabaseURL, slot, slot, "")
 		if err != nil {
-			return o, err
+			return nil, err
 		}
-		defer rl.kill()
 		if err := e.awaitReader(ctx, slot, rl); err != nil {
-			return o, err
+			rl.kill()
+			return nil, err
 		}
-		stop = rl.stop
-		waitAfter = func(end int64) error { return e.awaitSent(ctx, slot, end, rl, drainTimeout(o.txs)) }
+		rd.release, rd.stop = rl.kill, rl.stop
+		rd.catchUp = func(txs, end int64) error { return e.awaitSent(ctx, slot, end, rl, drainTimeout(txs)) }
 	}
+	return rd, nil
+}
+
+// measureWindow runs the writers for window and waits for the reader to
+// catch up, recording in o what was written and relayed, the latencies,
+// the WAL written, the batches and the CPU spent. It returns autovacuum's
+// count on the outbox before the writers started.
+func (e *env) measureWindow(ctx context.Context, s *session, rd *bizReading, slot string, window time.Duration, fn func(ctx context.Context, tx pgx.Tx, n int) error, o *bizOutcome) (av0 int64, err error) {
 	e.checkpoint(ctx)
 	lsn0, err := e.intQuery(ctx, walLSNSQL)
 	if err != nil {
-		return o, err
+		return 0, err
 	}
-	_, av0, err := e.deadTuples(ctx)
-	if err != nil {
-		return o, err
+	if _, av0, err = e.deadTuples(ctx); err != nil {
+		return 0, err
 	}
-	walsender := 0
-	if slot != "" {
-		if pid, err := e.intQuery(ctx, activePIDSQL, slot); err == nil && pid != 0 && isWalsender(int(pid)) {
-			walsender = int(pid)
-		}
-	}
+	walsender := e.walsenderPID(ctx, slot)
 	sender0, _ := cputime.Process(walsender)
 	cpu0 := cputime.Self()
-	o.txs, o.lat, o.elapsed, err = runEmitters(ctx, e, s.cfg.Writers, window, fn)
-	if err != nil {
-		return o, err
+	if o.txs, o.lat, o.elapsed, err = runEmitters(ctx, e, s.cfg.Writers, window, fn); err != nil {
+		return 0, err
 	}
 	slices.Sort(o.lat)
 	end, err := e.intQuery(ctx, walInsertLSNSQL)
 	if err != nil {
-		return o, err
+		return 0, err
 	}
-	if relayed != nil {
-		o.relayed = relayed()
+	if rd.relayed != nil {
+		o.relayed = rd.relayed()
 	}
-	if waitAfter != nil {
+	if rd.catchUp != nil {
 		t0 := time.Now()
-		if err := waitAfter(end); err != nil {
-			return o, err
+		if err := rd.catchUp(o.txs, end); err != nil {
+			return 0, err
 		}
 		o.catchUp = time.Since(t0)
 	}
@@ -389,48 +458,48 @@ func bizOnce(ctx context.Context, s *session, e *env, r bizRun, window time.Dura
 			o.walsenderCPU = sender1 - sender0
 		}
 	}
-	if batches != nil {
-		o.batches = batches()
+	if rd.batches != nil {
+		o.batches = rd.batches()
 	}
 	lsn1, err := e.intQuery(ctx, walLSNSQL)
 	if err != nil {
-		return o, err
+		return 0, err
 	}
 	o.walBytes = lsn1 - lsn0
-	if !r.emit {
-		return o, stopReader(stop)
-	}
-	// The polling relay's backends count its UPDATEs' dead tuples: stop it
-	// (its sessions report at exit) before reading them. The WAL relay
-	// writes nothing to the table, and confirms the slot cleanup waits for.
-	if r.reader == readPoll {
-		if err := stop(); err != nil {
-			return o, err
-		}
-		stop = nil
-	}
-	// From here on autovacuum would race the measured cleanup.
-	if err := e.exec(ctx, "ALTER TABLE "+e.tables.OutboxIdent()+" SET (autovacuum_enabled = false)"); err != nil {
-		return o, err
-	}
-	var av1 int64
-	if o.dead, av1, err = e.settledDeadTuples(ctx); err != nil {
-		return o, err
-	}
-	o.autovacuums = av1 - av0
-	if r.reader == readPoll || r.reader == readWAL {
-		if o.cleanup, err = e.cleanUp(ctx, r, slot); err != nil {
-			return o, err
-		}
-	}
-	return o, stopReader(stop)
+	return av0, nil
 }
 
-func stopReader(stop func() error) error {
-	if stop == nil {
-		return nil
+// walsenderPID is the process id of the walsender reading slot when it
+// runs on this machine, else 0 (and 0 for no slot).
+func (e *env) walsenderPID(ctx context.Context, slot string) int {
+	if slot == "" {
+		return 0
 	}
-	return stop()
+	if pid, err := e.intQuery(ctx, activePIDSQL, slot); err == nil && pid != 0 && isWalsender(int(pid)) {
+		return int(pid)
+	}
+	return 0
+}
+
+// measureAftermath records in o the dead tuples the row left in the
+// outbox, autovacuum's runs since av0, and what cleaning up the relayed
+// rows costs. Autovacuum is off on the outbox from here on: it would race
+// the measured cleanup.
+func (e *env) measureAftermath(ctx context.Context, r bizRun, slot string, av0 int64, o *bizOutcome) error {
+	if err := e.exec(ctx, "ALTER TABLE "+e.tables.OutboxIdent()+" SET (autovacuum_enabled = false)"); err != nil {
+		return err
+	}
+	dead, av1, err := e.settledDeadTuples(ctx)
+	if err != nil {
+		return err
+	}
+	o.dead, o.autovacuums = dead, av1-av0
+	if r.reader == readPoll || r.reader == readWAL {
+		if o.cleanup, err = e.cleanUp(ctx, r, slot); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // awaitReader waits until pg_recvlogical streams from slot.

@@ -90,7 +90,7 @@ func runWAL(ctx context.Context, s *session) (*Result, error) {
 	return res, nil
 }
 
-// walTargets judges the targets on the run's metrics.
+// walTargets judges the WAL source's targets on the run's metrics.
 func walTargets(res *Result, recvErr error) {
 	m := res.Metrics
 	notRun := func(name, goal string) {
