@@ -227,7 +227,7 @@ func (p *Producer) Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error)
 	if p.cfg.Mode == ModeInsertDelete {
 		// The insert and its delete in one round trip.
 		b := &pgx.Batch{}
-		q, err := p.QueueEmitContext(ctx, b, ev)
+		q, err := p.QueueEmit(ctx, b, ev)
 		if err != nil {
 			return 0, err
 		}
@@ -270,19 +270,13 @@ type Queued struct {
 //
 //	batch := &pgx.Batch{}
 //	batch.Queue("INSERT INTO orders (id, customer) VALUES ($1, $2)", id, customer)
-//	ev, err := producer.QueueEmit(batch, outbox.Event{AggregateID: id, Type: "order.placed", Payload: order})
+//	ev, err := producer.QueueEmit(ctx, batch, outbox.Event{AggregateID: id, Type: "order.placed", Payload: order})
 //	err = tx.SendBatch(ctx, batch).Close() // ev.ID is set
 //
-// QueueEmit has no context, so it adds no trace context to the event; use
-// QueueEmitContext for that.
-func (p *Producer) QueueEmit(batch *pgx.Batch, ev Event) (*Queued, error) {
-	return p.QueueEmitContext(context.Background(), batch, ev)
-}
-
-// QueueEmitContext is QueueEmit with the trace context of the span in ctx
-// added to the event's headers, as Emit adds it (Config.Propagator). ctx is
-// read for the span only: the insert runs when the batch is sent.
-func (p *Producer) QueueEmitContext(ctx context.Context, batch *pgx.Batch, ev Event) (*Queued, error) {
+// The trace context of the span in ctx is added to the event's headers, as
+// Emit adds it (Config.Propagator). ctx is read for the span only: the
+// insert runs when the batch is sent.
+func (p *Producer) QueueEmit(ctx context.Context, batch *pgx.Batch, ev Event) (*Queued, error) {
 	sql, args, err := p.prepareOne(ctx, ev)
 	if err != nil {
 		return nil, err
@@ -720,14 +714,8 @@ func Emit(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
 
 // QueueEmit queues ev's insert into public.events_outbox on batch, with
 // the default Config. See Producer.QueueEmit.
-func QueueEmit(batch *pgx.Batch, ev Event) (*Queued, error) {
-	return defaultProducer.QueueEmit(batch, ev)
-}
-
-// QueueEmitContext is QueueEmit with ctx's trace context added to the
-// event's headers. See Producer.QueueEmitContext.
-func QueueEmitContext(ctx context.Context, batch *pgx.Batch, ev Event) (*Queued, error) {
-	return defaultProducer.QueueEmitContext(ctx, batch, ev)
+func QueueEmit(ctx context.Context, batch *pgx.Batch, ev Event) (*Queued, error) {
+	return defaultProducer.QueueEmit(ctx, batch, ev)
 }
 
 // EmitBatch writes events into public.events_outbox within tx, with the

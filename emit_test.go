@@ -221,7 +221,7 @@ func TestEmitRejectsBadInputBeforeWriting(t *testing.T) {
 
 			// QueueEmit queues nothing.
 			batch := &pgx.Batch{}
-			_, err = p.QueueEmit(batch, tc.ev)
+			_, err = p.QueueEmit(ctx, batch, tc.ev)
 			require.ErrorIs(t, err, tc.want)
 			require.Zero(t, batch.Len())
 

@@ -162,7 +162,7 @@ func ExampleQueueEmit() {
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue("INSERT INTO orders (id, total_cents) VALUES ($1, $2)", orderID, 1999)
-		ev, err := outbox.QueueEmit(batch, outbox.Event{
+		ev, err := outbox.QueueEmit(ctx, batch, outbox.Event{
 			AggregateID: orderID,
 			Type:        "order.placed",
 			Payload:     map[string]any{"order_id": orderID, "total_cents": 1999},

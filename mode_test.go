@@ -185,7 +185,7 @@ func TestInsertDeleteFailsWhenTheDeleteMisses(t *testing.T) {
 		},
 		"QueueEmit": func(tx pgx.Tx) error {
 			b := &pgx.Batch{}
-			if _, err := p.QueueEmit(b, ev); err != nil {
+			if _, err := p.QueueEmit(ctx, b, ev); err != nil {
 				return err
 			}
 			return tx.SendBatch(ctx, b).Close()

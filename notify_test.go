@@ -28,7 +28,7 @@ func TestQueueEmitSendsWithTheBatch(t *testing.T) {
 		batch := &pgx.Batch{}
 		batch.Queue("INSERT INTO orders (id, customer) VALUES ($1, $2)", order, "c-1")
 		var err error
-		q, err = p.QueueEmit(batch, outbox.Event{AggregateID: order, Type: "order.placed", Payload: map[string]string{"customer": "c-1"}, Headers: map[string]string{"trace": "t-1"}})
+		q, err = p.QueueEmit(ctx, batch, outbox.Event{AggregateID: order, Type: "order.placed", Payload: map[string]string{"customer": "c-1"}, Headers: map[string]string{"trace": "t-1"}})
 		require.NoError(t, err)
 		require.Equal(t, 2, batch.Len())
 		return tx.SendBatch(ctx, batch).Close()
@@ -47,7 +47,7 @@ func TestQueueEmitSendsWithTheBatch(t *testing.T) {
 	require.NoError(t, err)
 	batch := &pgx.Batch{}
 	batch.Queue("INSERT INTO orders (id, customer) VALUES ($1, $2)", uuid.New(), "c-2")
-	_, err = p.QueueEmit(batch, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 1})
+	_, err = p.QueueEmit(ctx, batch, outbox.Event{AggregateID: uuid.New(), Type: "order.placed", Payload: 1})
 	require.NoError(t, err)
 	require.NoError(t, tx.SendBatch(ctx, batch).Close())
 	require.NoError(t, tx.Rollback(ctx))
@@ -55,7 +55,7 @@ func TestQueueEmitSendsWithTheBatch(t *testing.T) {
 
 	// An invalid event is refused before anything is queued.
 	batch = &pgx.Batch{}
-	q, err = p.QueueEmit(batch, outbox.Event{AggregateID: uuid.New(), Type: "order.placed"})
+	q, err = p.QueueEmit(ctx, batch, outbox.Event{AggregateID: uuid.New(), Type: "order.placed"})
 	require.ErrorIs(t, err, outbox.ErrInvalidPayload)
 	require.Nil(t, q)
 	require.Zero(t, batch.Len())

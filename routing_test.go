@@ -59,7 +59,7 @@ func TestEmitAsksTheRouting(t *testing.T) {
 			require.ErrorContains(t, err, tc.msg)
 			_, err = p.EmitBatch(ctx, nil, []outbox.Event{fits, tc.ev})
 			require.ErrorIs(t, err, tc.is)
-			_, err = p.QueueEmit(&pgx.Batch{}, tc.ev)
+			_, err = p.QueueEmit(ctx, &pgx.Batch{}, tc.ev)
 			require.ErrorIs(t, err, tc.is)
 			_, err = p.EmitSQL(ctx, (*sql.Tx)(nil), tc.ev)
 			require.ErrorIs(t, err, tc.is)

@@ -69,9 +69,9 @@ func TestEmitInjectsTraceContext(t *testing.T) {
 			}))
 			return ids
 		},
-		"QueueEmitContext": func(ctx context.Context) []int64 {
+		"QueueEmit": func(ctx context.Context) []int64 {
 			batch := &pgx.Batch{}
-			q, err := p.QueueEmitContext(ctx, batch, ev())
+			q, err := p.QueueEmit(ctx, batch, ev())
 			require.NoError(t, err)
 			require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, batch).Close() }))
 			return []int64{q.ID}
@@ -101,13 +101,6 @@ func TestEmitInjectsTraceContext(t *testing.T) {
 			require.Equal(t, want, storedHeaders(t, db, id), "%s in a span", name)
 		}
 	}
-
-	// QueueEmit has no context: nothing to inject.
-	batch := &pgx.Batch{}
-	q, err := p.QueueEmit(batch, ev())
-	require.NoError(t, err)
-	require.NoError(t, pgx.BeginFunc(traced, db.Pool, func(tx pgx.Tx) error { return tx.SendBatch(traced, batch).Close() }))
-	require.Nil(t, storedHeaders(t, db, q.ID))
 }
 
 // A traceparent the caller set is kept, with no tracestate of the span's

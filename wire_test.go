@@ -32,7 +32,7 @@ func TestEmitRefusesEveryReservedHeader(t *testing.T) {
 			_, err = p.EmitBatch(ctx, nil, []outbox.Event{ev})
 			require.ErrorIs(t, err, outbox.ErrInvalidHeaders)
 			batch := &pgx.Batch{}
-			_, err = p.QueueEmit(batch, ev)
+			_, err = p.QueueEmit(ctx, batch, ev)
 			require.ErrorIs(t, err, outbox.ErrInvalidHeaders)
 			require.Zero(t, batch.Len(), "nothing queued")
 		})

@@ -117,27 +117,10 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 	if err != nil {
 		return err
 	}
-	if o.cfg.BatchSize < 0 || o.cfg.Concurrency < 0 {
-		return fmt.Errorf("--batch-size (%d) and --concurrency (%d): use a positive number, or 0 for the consumer's default", o.cfg.BatchSize, o.cfg.Concurrency)
-	}
-	if o.cfg.Topics, err = parseTopics(o.topics); err != nil {
-		return err
-	}
-	format, err := consumeFormat(o.asJSON, o.quiet, o.output)
+	p, err := o.prepare(out, log)
 	if err != nil {
 		return err
 	}
-	p := &eventPrinter{w: out, format: format}
-	if o.httpAddr != "" {
-		if o.httpAddr, err = loopbackDefault(o.httpAddr); err != nil {
-			return err
-		}
-	}
-	o.cfg.Name, o.cfg.Group = consumeNames(o.cfg.Name, o.cfg.Group)
-	if o.cfg.Client, err = o.kf.brokersConfig(log); err != nil {
-		return err
-	}
-	o.cfg.Client.Logger = log.With("consumer", o.cfg.Name)
 	opts, err := o.cfg.Client.Options()
 	if err != nil {
 		return err
@@ -184,6 +167,39 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 		defer stopHTTP()
 	}
 
+	return runConsumer(ctx, cons, p, log)
+}
+
+// prepare checks and completes the flags' consumer configuration (topics,
+// names, the Kafka client) and returns the printer of the events.
+func (o *consumeOptions) prepare(out io.Writer, log *slog.Logger) (*eventPrinter, error) {
+	if o.cfg.BatchSize < 0 || o.cfg.Concurrency < 0 {
+		return nil, fmt.Errorf("--batch-size (%d) and --concurrency (%d): use a positive number, or 0 for the consumer's default", o.cfg.BatchSize, o.cfg.Concurrency)
+	}
+	var err error
+	if o.cfg.Topics, err = parseTopics(o.topics); err != nil {
+		return nil, err
+	}
+	format, err := consumeFormat(o.asJSON, o.quiet, o.output)
+	if err != nil {
+		return nil, err
+	}
+	if o.httpAddr != "" {
+		if o.httpAddr, err = loopbackDefault(o.httpAddr); err != nil {
+			return nil, err
+		}
+	}
+	o.cfg.Name, o.cfg.Group = consumeNames(o.cfg.Name, o.cfg.Group)
+	if o.cfg.Client, err = o.kf.brokersConfig(log); err != nil {
+		return nil, err
+	}
+	o.cfg.Client.Logger = log.With("consumer", o.cfg.Name)
+	return &eventPrinter{w: out, format: format}, nil
+}
+
+// runConsumer runs cons until ctx ends or p fails to write, then logs its
+// counters.
+func runConsumer(ctx context.Context, cons *consumer.Consumer, p *eventPrinter, log *slog.Logger) error {
 	// A failed write stops the consumer rather than failing the
 	// handler: retried, the event would end up dead-lettered for
 	// a local problem. Its transaction rolls back, so the event

@@ -18,6 +18,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/relay"
 )
 
 func newEventsCmd(g *globals) *cobra.Command {
@@ -298,7 +299,7 @@ func runEventsRetry(ctx context.Context, g *globals, args []string, aggregate st
 			switch h := res.BlockedByHold; {
 			case h != nil:
 				fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate, which is held until %s (%s: %s); to retry that one: outbox events retry %d\n",
-					h.EventID, fmtTime(h.HeldUntil), oneLine(h.Reason), oneLine(h.Error), h.EventID)
+					h.EventID, fmtTime(h.Until), oneLine(h.Reason), oneLine(h.Err), h.EventID)
 			case res.BlockedBy != 0:
 				fmt.Fprintf(g.stdout, "it waits behind event %d of its aggregate (not held; see 'outbox events show %d')\n", res.BlockedBy, res.BlockedBy)
 			}
@@ -321,11 +322,11 @@ func runEventsRetry(ctx context.Context, g *globals, args []string, aggregate st
 	return nil
 }
 
-func printHolds(g *globals, hs []ops.Hold) error {
+func printHolds(g *globals, hs []relay.Hold) error {
 	w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "  ID\tAGGREGATE\tTYPE\tHELD UNTIL\tATTEMPTS\tREASON\tERROR")
 	for _, h := range hs {
-		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%d\t%s\t%s\n", h.EventID, h.AggregateID, clip.Field(clip.Text(h.Type, 60)), fmtTime(h.HeldUntil), h.Attempts, oneLine(h.Reason), clip.Text(oneLine(h.Error), 300))
+		fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%d\t%s\t%s\n", h.EventID, h.AggregateID, clip.Field(clip.Text(h.Type, 60)), fmtTime(h.Until), h.Attempts, oneLine(h.Reason), clip.Text(oneLine(h.Err), 300))
 	}
 	return w.Flush()
 }

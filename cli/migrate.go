@@ -222,7 +222,7 @@ func revertExample(to int) string {
 }
 
 func (g *globals) migrator(c *cobra.Command) (*migrate.Migrator, interface {
-	migrate.Beginner
+	outbox.DB
 	Close()
 }, error) {
 	t, err := g.tables()

@@ -106,39 +106,26 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	if err := o.check(); err != nil {
 		return err
 	}
-	switch o.mode {
-	case "poll":
-		if err := o.wal.onlyForWAL(); err != nil {
-			return err
-		}
-	case "wal":
-		if err := o.wal.oneAction(); err != nil {
-			return err
-		}
-		if o.wal.teardown {
+	if err := o.checkMode(); err != nil {
+		return err
+	}
+	if o.mode == "wal" {
+		switch {
+		case o.wal.teardown:
 			return runWALTeardown(ctx, g, o, log)
-		}
-		if o.wal.setupOnly {
+		case o.wal.setupOnly:
 			return runWALSetupOnly(ctx, g, o)
 		}
 		if err := o.wal.check(); err != nil {
 			return err
 		}
-	default:
-		return fmt.Errorf("--mode %q: use poll (the default) or wal", o.mode)
 	}
 	kcfg, err := o.kf.brokersConfig(log)
 	if err != nil {
 		return err
 	}
-	if o.deliver <= 0 {
-		return errors.New("--delivery-timeout must be positive, e.g. 30s")
-	}
-	if o.pcfg.MaxMessageBytes < 0 {
-		return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", o.pcfg.MaxMessageBytes)
-	}
-	if len(o.pcfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(o.pcfg.Source) != "" {
-		return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
+	if err := o.checkSink(); err != nil {
+		return err
 	}
 	sink, client, err := kafkaSink(kcfg, o.pcfg, o.deliver, log)
 	if err != nil {
@@ -158,6 +145,39 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	if o.mode == "wal" {
 		return runWALRelay(ctx, o, common)
 	}
+	return runPollRelay(ctx, o, common)
+}
+
+// checkMode refuses an unknown --mode, and WAL flags that do not fit it:
+// any of them with poll, more than one action with wal.
+func (o *relayOptions) checkMode() error {
+	switch o.mode {
+	case "poll":
+		return o.wal.onlyForWAL()
+	case "wal":
+		return o.wal.oneAction()
+	default:
+		return fmt.Errorf("--mode %q: use poll (the default) or wal", o.mode)
+	}
+}
+
+// checkSink refuses the Kafka publisher's flags that cannot work.
+func (o *relayOptions) checkSink() error {
+	if o.deliver <= 0 {
+		return errors.New("--delivery-timeout must be positive, e.g. 30s")
+	}
+	if o.pcfg.MaxMessageBytes < 0 {
+		return fmt.Errorf("--max-message-bytes %d: use a positive size, or 0 to read each topic's limit from the broker", o.pcfg.MaxMessageBytes)
+	}
+	if len(o.pcfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(o.pcfg.Source) != "" {
+		return fmt.Errorf("--source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
+	}
+	return nil
+}
+
+// runPollRelay runs the polling relay with common, and the watchdog and
+// cleanup jobs beside it, until ctx ends.
+func runPollRelay(ctx context.Context, o *relayOptions, common relay.Common) error {
 	o.cfg.Common = common
 	if err := o.ops.instrument(&o.cfg); err != nil {
 		return err
@@ -168,7 +188,7 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 	}
 	// Check the schema before the watchdog and cleanup jobs start,
 	// so an unmigrated table gives one clear error, not job warnings.
-	if err := checkSchema(ctx, pool, t); err != nil {
+	if err := checkSchema(ctx, common.Pool, common.Tables); err != nil {
 		return err
 	}
 	stopOps, err := o.ops.start(ctx, r)

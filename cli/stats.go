@@ -75,22 +75,7 @@ and how much WAL may still be written before it is lost.`,
 			if asJSON {
 				return writeJSON(g, statsJSON(t, s))
 			}
-			w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintf(w, "outbox\t%s\n", t.OutboxIdent())
-			fmt.Fprintf(w, "pending\t%d\n", s.Pending)
-			fmt.Fprintf(w, "oldest pending age\t%s\t(the lag)\n", fmtAge(s.OldestPendingAge))
-			fmt.Fprintf(w, "stuck (pending > %s, or held)\t%d\t(held rows and the rows behind them are stuck at once)\n", s.StuckAfter, s.Stuck)
-			fmt.Fprintf(w, "held\t%d\t%s\n", s.Held, fmtHeld(s.Lag))
-			fmt.Fprintf(w, "dispatched last minute\t%d\t(%.1f/s)\n", s.DispatchedLastMinute, float64(s.DispatchedLastMinute)/60)
-			fmt.Fprintf(w, "dispatched last hour\t%d\t(%.1f/s)\n", s.DispatchedLastHour, float64(s.DispatchedLastHour)/3600)
-			fmt.Fprintf(w, "table size\t%s\t(with indexes and TOAST)\n", fmtBytes(s.TableBytes))
-			dead := 0.0
-			if s.LiveRows+s.DeadRows > 0 {
-				dead = 100 * float64(s.DeadRows) / float64(s.LiveRows+s.DeadRows)
-			}
-			fmt.Fprintf(w, "live / dead rows\t%d / %d\t(%.1f%% dead)\n", s.LiveRows, s.DeadRows, dead)
-			fmt.Fprintf(w, "last vacuum\t%s\n", fmtVacuum(s.LastVacuum, s.LastAutovacuum))
-			return w.Flush()
+			return printStats(g, t, s)
 		},
 	}
 	g.addDBFlags(cmd.Flags())
@@ -98,6 +83,27 @@ and how much WAL may still be written before it is lost.`,
 	durationVar(cmd.Flags(), &stuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this count as stuck")
 	cmd.Flags().StringVar(&slot, "slot", "", "the replication slot of an outbox relayed with --mode wal (default outbox_<database>_<table>_<hash>; when it exists, the slot is shown instead of pending rows)")
 	return cmd
+}
+
+// printStats prints the polling relay's figures of one outbox, in two
+// columns.
+func printStats(g *globals, t outbox.Tables, s ops.Stats) error {
+	w := tabwriter.NewWriter(g.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "outbox\t%s\n", t.OutboxIdent())
+	fmt.Fprintf(w, "pending\t%d\n", s.Pending)
+	fmt.Fprintf(w, "oldest pending age\t%s\t(the lag)\n", fmtAge(s.OldestPendingAge))
+	fmt.Fprintf(w, "stuck (pending > %s, or held)\t%d\t(held rows and the rows behind them are stuck at once)\n", s.StuckAfter, s.Stuck)
+	fmt.Fprintf(w, "held\t%d\t%s\n", s.Held, fmtHeld(s.Lag))
+	fmt.Fprintf(w, "dispatched last minute\t%d\t(%.1f/s)\n", s.DispatchedLastMinute, float64(s.DispatchedLastMinute)/60)
+	fmt.Fprintf(w, "dispatched last hour\t%d\t(%.1f/s)\n", s.DispatchedLastHour, float64(s.DispatchedLastHour)/3600)
+	fmt.Fprintf(w, "table size\t%s\t(with indexes and TOAST)\n", fmtBytes(s.TableBytes))
+	dead := 0.0
+	if s.LiveRows+s.DeadRows > 0 {
+		dead = 100 * float64(s.DeadRows) / float64(s.LiveRows+s.DeadRows)
+	}
+	fmt.Fprintf(w, "live / dead rows\t%d / %d\t(%.1f%% dead)\n", s.LiveRows, s.DeadRows, dead)
+	fmt.Fprintf(w, "last vacuum\t%s\n", fmtVacuum(s.LastVacuum, s.LastAutovacuum))
+	return w.Flush()
 }
 
 // statsJSON is the --json shape: snake_case keys, durations in seconds,

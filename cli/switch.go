@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -181,65 +182,75 @@ Producers must write plain inserts by then (Emit, <outbox>_emit or
 INSERT): events written as insert+delete or as logical messages have no
 row for a poller to read.`,
 		Args: cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			if err := sf.check(); err != nil {
-				return err
-			}
-			log, pool, t, err := g.verbSession(c.Context())
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			slot, err := ops.SlotName(c.Context(), pool, t, sf.slot)
-			if err != nil {
-				return err
-			}
-			res, err := switchover.PrepareSwitchToPoll(c.Context(), pool, switchover.SwitchToPollConfig{
-				Tables: t, Slot: sf.slot, Timeout: sf.timeout,
-				Progress: func(p switchover.ConfirmProgress) {
-					msg := "waiting for the WAL relayer to catch up before the marking transaction"
-					if p.InTransaction {
-						msg = "waiting for the slot to confirm the cut"
-					}
-					log.Info(msg, "slot", slot, "target", p.Target, "confirmed", p.Confirmed, "reader_pid", p.ReaderPID, "elapsed", p.Elapsed.Round(time.Millisecond))
-				},
-			})
-			if err != nil {
-				return switchErr(err, sf.timeout)
-			}
-			steps := []string{
-				"stop every WAL relayer (outbox relay --mode wal) with SIGTERM",
-				"drop the slot and the publication: " + relayCommand(t, "--mode wal --teardown", sf.slot, sf.publication),
-				"start the polling relay: " + relayCommand(t, "", "", "") + "; it publishes the rows committed after the cut, in order for each aggregate",
-			}
-			if sf.asJSON {
-				return writeJSON(g, map[string]any{
-					"outbox":               t.OutboxIdent(),
-					"direction":            "to-poll",
-					"slot":                 res.Slot,
-					"cut_lsn":              res.Cut,
-					"marked":               res.Marked,
-					"reader_pid":           res.ReaderPID,
-					"catch_up_seconds":     res.CatchUp.Seconds(),
-					"transaction_seconds":  res.Transaction.Seconds(),
-					"transaction_attempts": res.Attempts,
-					"next_steps":           steps,
-				})
-			}
-			fmt.Fprintf(g.stdout, "outbox %s: marked %d row(s) dispatched: every row committed before WAL position %s (the cut), which slot %s confirmed, so the broker has them\n",
-				t.OutboxIdent(), res.Marked, res.Cut, res.Slot)
-			fmt.Fprintf(g.stdout, "the WAL relayer (walsender pid %d) caught up in %s; the marking transaction took %s", res.ReaderPID, fmtAge(res.CatchUp), fmtAge(res.Transaction))
-			if res.Attempts > 1 {
-				fmt.Fprintf(g.stdout, " (%d attempts: rows changed under the first)", res.Attempts)
-			}
-			fmt.Fprintln(g.stdout)
-			printSteps(g, steps, "Rows committed after the cut stay pending: the polling relay publishes them, and again those the WAL relayer sent before it stopped (consumers deduplicate on event_id). Start it only after step 1, or both publish the same rows.")
-			return nil
-		},
+		RunE: func(c *cobra.Command, _ []string) error { return runSwitchToPoll(c.Context(), g, &sf) },
 	}
 	sf.register(cmd, switchover.DefaultSwitchToPollTimeout, "how long to wait, in all, for the WAL relayer to confirm the cut",
 		"the WAL source's publication, when not the default, for the teardown command printed")
 	return cmd
+}
+
+// runSwitchToPoll marks what the WAL source published, once the slot has
+// confirmed the cut, and prints the steps left.
+func runSwitchToPoll(ctx context.Context, g *globals, sf *switchFlags) error {
+	if err := sf.check(); err != nil {
+		return err
+	}
+	log, pool, t, err := g.verbSession(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	slot, err := ops.SlotName(ctx, pool, t, sf.slot)
+	if err != nil {
+		return err
+	}
+	res, err := switchover.PrepareSwitchToPoll(ctx, pool, switchover.SwitchToPollConfig{
+		Tables: t, Slot: sf.slot, Timeout: sf.timeout,
+		Progress: func(p switchover.ConfirmProgress) {
+			msg := "waiting for the WAL relayer to catch up before the marking transaction"
+			if p.InTransaction {
+				msg = "waiting for the slot to confirm the cut"
+			}
+			log.Info(msg, "slot", slot, "target", p.Target, "confirmed", p.Confirmed, "reader_pid", p.ReaderPID, "elapsed", p.Elapsed.Round(time.Millisecond))
+		},
+	})
+	if err != nil {
+		return switchErr(err, sf.timeout)
+	}
+	return reportSwitchToPoll(g, t, res, sf)
+}
+
+// reportSwitchToPoll prints what to-poll marked and the steps left, as
+// text or JSON.
+func reportSwitchToPoll(g *globals, t outbox.Tables, res switchover.SwitchToPollResult, sf *switchFlags) error {
+	steps := []string{
+		"stop every WAL relayer (outbox relay --mode wal) with SIGTERM",
+		"drop the slot and the publication: " + relayCommand(t, "--mode wal --teardown", sf.slot, sf.publication),
+		"start the polling relay: " + relayCommand(t, "", "", "") + "; it publishes the rows committed after the cut, in order for each aggregate",
+	}
+	if sf.asJSON {
+		return writeJSON(g, map[string]any{
+			"outbox":               t.OutboxIdent(),
+			"direction":            "to-poll",
+			"slot":                 res.Slot,
+			"cut_lsn":              res.Cut,
+			"marked":               res.Marked,
+			"reader_pid":           res.ReaderPID,
+			"catch_up_seconds":     res.CatchUp.Seconds(),
+			"transaction_seconds":  res.Transaction.Seconds(),
+			"transaction_attempts": res.Attempts,
+			"next_steps":           steps,
+		})
+	}
+	fmt.Fprintf(g.stdout, "outbox %s: marked %d row(s) dispatched: every row committed before WAL position %s (the cut), which slot %s confirmed, so the broker has them\n",
+		t.OutboxIdent(), res.Marked, res.Cut, res.Slot)
+	fmt.Fprintf(g.stdout, "the WAL relayer (walsender pid %d) caught up in %s; the marking transaction took %s", res.ReaderPID, fmtAge(res.CatchUp), fmtAge(res.Transaction))
+	if res.Attempts > 1 {
+		fmt.Fprintf(g.stdout, " (%d attempts: rows changed under the first)", res.Attempts)
+	}
+	fmt.Fprintln(g.stdout)
+	printSteps(g, steps, "Rows committed after the cut stay pending: the polling relay publishes them, and again those the WAL relayer sent before it stopped (consumers deduplicate on event_id). Start it only after step 1, or both publish the same rows.")
+	return nil
 }
 
 // switchErr adds the flag to raise to a timeout.

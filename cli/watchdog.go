@@ -74,28 +74,7 @@ that stays away while the database writes).`,
 				return runWALWatchdog(c.Context(), g, pool, t, cfg, asJSON)
 			}
 			cfg.Tables = t
-			rep, err := ops.Check(c.Context(), pool, cfg)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				if err := writeJSON(g, reportJSON(t, rep)); err != nil {
-					return err
-				}
-			} else if err := printReport(g, t, rep); err != nil {
-				return err
-			}
-			if rep.Healthy() {
-				return nil
-			}
-			var why []string
-			if rep.Lag.Stuck > 0 {
-				why = append(why, fmt.Sprintf("%d row(s) stuck (%d held; the rest wait behind them or were pending longer than %s)", rep.Lag.Stuck, rep.Held, rep.StuckAfter))
-			}
-			if rep.LagBreached {
-				why = append(why, fmt.Sprintf("lag %s is over the %s SLO", fmtAge(rep.OldestPendingAge), rep.MaxLag))
-			}
-			return &exitError{code: 1, msg: "unhealthy: " + strings.Join(why, "; ")}
+			return runPollWatchdog(c.Context(), g, pool, cfg, asJSON)
 		},
 	}
 	f := cmd.Flags()
@@ -110,8 +89,36 @@ that stays away while the database writes).`,
 	return cmd
 }
 
+// runPollWatchdog is the watchdog of an outbox relayed by polling: its
+// stuck rows and its lag.
+func runPollWatchdog(ctx context.Context, g *globals, db outbox.DB, cfg ops.WatchdogConfig, asJSON bool) error {
+	t := cfg.Tables
+	rep, err := ops.Check(ctx, db, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if err := writeJSON(g, reportJSON(t, rep)); err != nil {
+			return err
+		}
+	} else if err := printReport(g, t, rep); err != nil {
+		return err
+	}
+	if rep.Healthy() {
+		return nil
+	}
+	var why []string
+	if rep.Lag.Stuck > 0 {
+		why = append(why, fmt.Sprintf("%d row(s) stuck (%d held; the rest wait behind them or were pending longer than %s)", rep.Lag.Stuck, rep.Held, rep.StuckAfter))
+	}
+	if rep.LagBreached {
+		why = append(why, fmt.Sprintf("lag %s is over the %s SLO", fmtAge(rep.OldestPendingAge), rep.MaxLag))
+	}
+	return &exitError{code: 1, msg: "unhealthy: " + strings.Join(why, "; ")}
+}
+
 // runWALWatchdog is the watchdog of an outbox relayed from the WAL.
-func runWALWatchdog(ctx context.Context, g *globals, db ops.Queryer, t outbox.Tables, cfg ops.WatchdogConfig, asJSON bool) error {
+func runWALWatchdog(ctx context.Context, g *globals, db outbox.DB, t outbox.Tables, cfg ops.WatchdogConfig, asJSON bool) error {
 	if cfg.MaxSlotLagBytes <= 0 || cfg.MaxInactive <= 0 {
 		return fmt.Errorf("--max-slot-lag-bytes (%d) and --max-slot-inactive (%s) must be positive, e.g. 1073741824 and 5m", cfg.MaxSlotLagBytes, cfg.MaxInactive)
 	}

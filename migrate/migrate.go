@@ -46,11 +46,6 @@ func (m Migration) UpSQL() string { return m.up }
 // Migrator's tables. It does not unrecord the version: see DownScript.
 func (m Migration) DownSQL() string { return m.down }
 
-// Beginner is what the migrator needs: *pgxpool.Pool and *pgx.Conn have it.
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Migrator applies the embedded migrations to one outbox's tables.
 type Migrator struct {
 	tables     outbox.Tables
@@ -176,7 +171,7 @@ func (s Status) UpToDate() bool { return s.Current == s.Latest }
 var ErrNewerSchema = errors.New("migrate: database schema is newer than this binary")
 
 // Status reads the applied versions. A database never migrated is at 0.
-func (m *Migrator) Status(ctx context.Context, db Beginner) (Status, error) {
+func (m *Migrator) Status(ctx context.Context, db outbox.DB) (Status, error) {
 	st := Status{Latest: m.Latest()}
 	err := m.inTx(ctx, db, false, func(tx pgx.Tx) error {
 		applied, err := m.applied(ctx, tx)
@@ -190,7 +185,7 @@ func (m *Migrator) Status(ctx context.Context, db Beginner) (Status, error) {
 }
 
 // Validate returns an error unless the database is at the latest version.
-func (m *Migrator) Validate(ctx context.Context, db Beginner) error {
+func (m *Migrator) Validate(ctx context.Context, db outbox.DB) error {
 	st, err := m.Status(ctx, db)
 	if err != nil {
 		return err
@@ -206,7 +201,7 @@ func (m *Migrator) Validate(ctx context.Context, db Beginner) error {
 
 // Up applies every pending migration, each in its own transaction, and
 // returns the versions it applied (none when up to date).
-func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
+func (m *Migrator) Up(ctx context.Context, db outbox.DB) ([]int, error) {
 	var done []int
 	for {
 		var applied int
@@ -244,7 +239,7 @@ func (m *Migrator) Up(ctx context.Context, db Beginner) ([]int, error) {
 // Down reverts migrations above target (0 drops the tables), newest first,
 // and returns the versions it reverted. It destroys data: the CLI asks for
 // confirmation.
-func (m *Migrator) Down(ctx context.Context, db Beginner, target int) ([]int, error) {
+func (m *Migrator) Down(ctx context.Context, db outbox.DB, target int) ([]int, error) {
 	if target < 0 || target > m.Latest() {
 		return nil, fmt.Errorf("migrate: target version %d is out of range 0..%d", target, m.Latest())
 	}
@@ -284,7 +279,7 @@ func (m *Migrator) Down(ctx context.Context, db Beginner, target int) ([]int, er
 
 // inTx runs fn in a transaction. With write set it first takes the
 // migration lock and makes sure the bookkeeping table exists.
-func (m *Migrator) inTx(ctx context.Context, db Beginner, write bool, fn func(pgx.Tx) error) error {
+func (m *Migrator) inTx(ctx context.Context, db outbox.DB, write bool, fn func(pgx.Tx) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate: connect: %w", err)

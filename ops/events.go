@@ -22,13 +22,6 @@ import (
 	"github.com/pgoutbox/outbox/migrate"
 )
 
-// Beginner opens a transaction; *pgxpool.Pool and *pgx.Conn have it (a
-// pgx.Tx too, which runs the verb in a savepoint: Replay's chunks then
-// commit only with the caller's transaction).
-type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // Errors the operator verbs return, wrapped in a message that says which
 // event and what to do; test with errors.Is.
 var (

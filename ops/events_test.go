@@ -252,7 +252,7 @@ func TestRetry(t *testing.T) {
 	require.Equal(t, agg, h.AggregateID)
 	require.Equal(t, "too_large", h.Reason)
 	require.Equal(t, 2, h.Attempts)
-	require.WithinDuration(t, time.Now().Add(time.Hour), h.HeldUntil, time.Minute)
+	require.WithinDuration(t, time.Now().Add(time.Hour), h.Until, time.Minute)
 	require.Equal(t, before, d.tables())
 	require.False(t, notified(), "a dry run notifies nobody")
 	require.Empty(t, logs.String())

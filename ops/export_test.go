@@ -5,11 +5,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgoutbox/outbox"
 )
 
 // WALHorizon and CleanupWALAt split a WAL-mode cleanup at its horizon, so
 // a test can commit a row between the two.
-func WALHorizon(ctx context.Context, db Queryer) (lsn string, xmin int64, err error) {
+func WALHorizon(ctx context.Context, db outbox.DB) (lsn string, xmin int64, err error) {
 	h, err := readWALHorizon(ctx, db)
 	return h.lsn, h.xmin, err
 }

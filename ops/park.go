@@ -78,7 +78,7 @@ type ParkResult struct {
 //
 // It returns an error wrapping ErrEventNotFound, ErrEventDispatched (a
 // published row cannot be parked) or ErrEventParked (already parked).
-func Park(ctx context.Context, db Beginner, cfg ParkConfig) (ParkResult, error) {
+func Park(ctx context.Context, db outbox.DB, cfg ParkConfig) (ParkResult, error) {
 	res := ParkResult{Applied: cfg.Apply}
 	if err := cfg.Tables.Validate(); err != nil {
 		return res, err

@@ -71,7 +71,7 @@ type ReplayResult struct {
 //
 // When ctx is cancelled between chunks, Replay returns what it did so far
 // and ctx's error; every finished chunk stays committed.
-func Replay(ctx context.Context, db Beginner, cfg ReplayConfig) (ReplayResult, error) {
+func Replay(ctx context.Context, db outbox.DB, cfg ReplayConfig) (ReplayResult, error) {
 	res := ReplayResult{Applied: cfg.Apply}
 	if err := cfg.Tables.Validate(); err != nil {
 		return res, err
@@ -153,7 +153,7 @@ type replayedChunk struct {
 // replayChunk replays the matching dispatched rows among the next
 // cfg.ChunkSize ids from from, in a transaction of its own that NOTIFYs
 // the relayers when it replayed any.
-func replayChunk(ctx context.Context, db Beginner, t outbox.Tables, q string, from int64, cfg ReplayConfig, typ, agg any) (replayedChunk, error) {
+func replayChunk(ctx context.Context, db outbox.DB, t outbox.Tables, q string, from int64, cfg ReplayConfig, typ, agg any) (replayedChunk, error) {
 	var ch replayedChunk
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, q, from, cfg.ToID, cfg.ChunkSize, typ, agg).Scan(&ch.replayed, &ch.first, &ch.last, &ch.pending, &ch.scanned, &ch.lastSeen); err != nil {

@@ -7,27 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/migrate"
+	"github.com/pgoutbox/outbox/relay"
 )
-
-// Hold is an active hold on an event's aggregate: a failures row whose
-// held_until is in the future while the event is pending.
-type Hold struct {
-	EventID     int64
-	AggregateID uuid.UUID
-	Type        string
-	Reason      string
-	Error       string
-	Attempts    int
-	// HeldUntil is when the hold would have ended.
-	HeldUntil time.Time
-}
 
 // RetryConfig says whose holds Retry lifts: one event's, or every held
 // event's of one aggregate. Set exactly one of EventID and AggregateID.
@@ -52,12 +39,12 @@ type RetryResult struct {
 	Applied bool
 	// Holds are the holds lifted (or that would be), in event id order.
 	// Empty when there is nothing to do.
-	Holds []Hold
+	Holds []relay.Hold
 	// BlockedBy is set when the event Retry was given is not held but
 	// waits behind this earlier pending row of its aggregate;
 	// BlockedByHold is that row's hold, when it has one: the hold to lift.
 	BlockedBy     int64
-	BlockedByHold *Hold
+	BlockedByHold *relay.Hold
 }
 
 // Retry lifts holds: it sets held_until to NULL on the failures rows of
@@ -69,7 +56,7 @@ type RetryResult struct {
 // ErrEventDispatched (replay it instead) or ErrEventParked (unpark it
 // instead). A pending event that is not held is nothing to do: the result
 // has no Holds, and says which row it waits behind, if any.
-func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, error) {
+func Retry(ctx context.Context, db outbox.DB, cfg RetryConfig) (RetryResult, error) {
 	res := RetryResult{Applied: cfg.Apply}
 	if err := cfg.Tables.Validate(); err != nil {
 		return res, err
@@ -111,7 +98,7 @@ func Retry(ctx context.Context, db Beginner, cfg RetryConfig) (RetryResult, erro
 		return res, nil
 	}
 	// RETURNING comes in no particular order.
-	slices.SortFunc(res.Holds, func(a, b Hold) int { return cmp.Compare(a.EventID, b.EventID) })
+	slices.SortFunc(res.Holds, func(a, b relay.Hold) int { return cmp.Compare(a.EventID, b.EventID) })
 	if err := notifyAndCommit(ctx, tx, t); err != nil {
 		return res, fmt.Errorf("ops: retry: %w", err)
 	}
@@ -146,8 +133,8 @@ func retryEventHeld(ctx context.Context, tx pgx.Tx, t outbox.Tables, id int64, r
 			return false, err
 		}
 		if err == nil && b.Failure != nil && b.Failure.HoldActive {
-			res.BlockedByHold = &Hold{EventID: b.ID, AggregateID: b.AggregateID, Type: b.Type, Reason: b.Failure.Reason,
-				Error: b.Failure.Error, Attempts: b.Failure.Attempts, HeldUntil: b.Failure.HeldUntil}
+			res.BlockedByHold = &relay.Hold{EventID: b.ID, AggregateID: b.AggregateID, Type: b.Type, Reason: b.Failure.Reason,
+				Err: b.Failure.Error, Attempts: b.Failure.Attempts, Until: b.Failure.HeldUntil}
 		}
 	}
 	return false, nil
@@ -155,14 +142,14 @@ func retryEventHeld(ctx context.Context, tx pgx.Tx, t outbox.Tables, id int64, r
 
 // readHolds runs stmt, one of holdsSQL's (read the holds, or lift them),
 // for arg, an event or aggregate id, and returns the holds it reports.
-func readHolds(ctx context.Context, tx pgx.Tx, t outbox.Tables, stmt string, arg any) ([]Hold, error) {
+func readHolds(ctx context.Context, tx pgx.Tx, t outbox.Tables, stmt string, arg any) ([]relay.Hold, error) {
 	rows, err := tx.Query(ctx, render(stmt, t), arg)
 	if err != nil {
 		return nil, fmt.Errorf("ops: retry: read holds in %s: %w", migrate.FailuresIdent(t), err)
 	}
-	holds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Hold, error) {
-		var h Hold
-		err := r.Scan(&h.EventID, &h.AggregateID, &h.Type, &h.Reason, &h.Error, &h.Attempts, &h.HeldUntil)
+	holds, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (relay.Hold, error) {
+		var h relay.Hold
+		err := r.Scan(&h.EventID, &h.AggregateID, &h.Type, &h.Reason, &h.Err, &h.Attempts, &h.Until)
 		return h, err
 	})
 	if err != nil {
@@ -172,7 +159,7 @@ func readHolds(ctx context.Context, tx pgx.Tx, t outbox.Tables, stmt string, arg
 }
 
 // logRetry logs the Info line of an applied Retry that lifted holds.
-func logRetry(log *slog.Logger, holds []Hold, byEvent bool, aggregateID uuid.UUID) {
+func logRetry(log *slog.Logger, holds []relay.Hold, byEvent bool, aggregateID uuid.UUID) {
 	ids := make([]int64, len(holds))
 	for i, h := range holds {
 		ids[i] = h.EventID

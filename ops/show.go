@@ -98,7 +98,7 @@ type ParkInfo struct {
 // It runs up to two statements; for a consistent view of an event that an
 // operator may be moving at the same time, pass a REPEATABLE READ
 // transaction as db (the CLI does).
-func ShowEvent(ctx context.Context, db Queryer, cfg ShowConfig) (EventDetail, error) {
+func ShowEvent(ctx context.Context, db outbox.DB, cfg ShowConfig) (EventDetail, error) {
 	if err := cfg.Tables.Validate(); err != nil {
 		return EventDetail{}, err
 	}
@@ -113,7 +113,7 @@ func ShowEvent(ctx context.Context, db Queryer, cfg ShowConfig) (EventDetail, er
 	return showEvent(ctx, db, t, cfg.ID, preview)
 }
 
-func showEvent(ctx context.Context, db Queryer, t outbox.Tables, id int64, preview int) (EventDetail, error) {
+func showEvent(ctx context.Context, db outbox.DB, t outbox.Tables, id int64, preview int) (EventDetail, error) {
 	chars := preview
 	if preview < 0 {
 		chars = -1

@@ -11,13 +11,6 @@ import (
 	"github.com/pgoutbox/outbox"
 )
 
-// Queryer is what the read-only queries here need; *pgxpool.Pool, *pgx.Conn
-// and pgx.Tx have it.
-type Queryer interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // DefaultStuckAfter is how long a row may stay pending before the watchdog
 // calls it stuck.
 const DefaultStuckAfter = 5 * time.Minute
@@ -48,7 +41,7 @@ type Lag struct {
 
 // ReadLag reads the pending, stuck, held and lag figures: the queries
 // behind the relay's gauges and the watchdog's SLO check.
-func ReadLag(ctx context.Context, db Queryer, tables outbox.Tables, stuckAfter time.Duration) (Lag, error) {
+func ReadLag(ctx context.Context, db outbox.DB, tables outbox.Tables, stuckAfter time.Duration) (Lag, error) {
 	var l Lag
 	var ageSec float64
 	err := db.QueryRow(ctx, render(lagSQL, tables), stuckAfter.Microseconds()).Scan(&l.Pending, &l.Stuck, &ageSec)
@@ -139,7 +132,7 @@ const RateWindow = 70 * time.Minute
 
 // ReadStats reads the snapshot. It runs a handful of short queries, none of
 // which scans the whole table.
-func ReadStats(ctx context.Context, db Queryer, cfg StatsConfig) (Stats, error) {
+func ReadStats(ctx context.Context, db outbox.DB, cfg StatsConfig) (Stats, error) {
 	if err := cfg.Tables.Validate(); err != nil {
 		return Stats{}, err
 	}
@@ -184,7 +177,7 @@ func ReadStats(ctx context.Context, db Queryer, cfg StatsConfig) (Stats, error) 
 // that a full scan would. Rows out of step with their ids by more than the
 // callers' slack may land on the wrong side; callers use the result only
 // to bound a scan.
-func firstIDCreatedSince(ctx context.Context, db Queryer, tables outbox.Tables, since time.Time) (int64, error) {
+func firstIDCreatedSince(ctx context.Context, db outbox.DB, tables outbox.Tables, since time.Time) (int64, error) {
 	var lo, hi *int64
 	if err := db.QueryRow(ctx, render(idRangeSQL, tables)).Scan(&lo, &hi); err != nil {
 		return 0, err

@@ -52,7 +52,7 @@ type UnparkResult struct {
 //
 // It returns an error wrapping ErrEventNotParked (the event is in the
 // outbox) or ErrEventNotFound.
-func Unpark(ctx context.Context, db Beginner, cfg UnparkConfig) (UnparkResult, error) {
+func Unpark(ctx context.Context, db outbox.DB, cfg UnparkConfig) (UnparkResult, error) {
 	res := UnparkResult{Applied: cfg.Apply}
 	if err := cfg.Tables.Validate(); err != nil {
 		return res, err

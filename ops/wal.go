@@ -60,7 +60,7 @@ type WALSlot struct {
 // SlotName is the slot of an outbox: slot when given, else the WAL
 // relay's default for the session's database (walrelay.Names: the
 // default of earlier versions when the outbox's slot has that name).
-func SlotName(ctx context.Context, db walrelay.Querier, t outbox.Tables, slot string) (string, error) {
+func SlotName(ctx context.Context, db outbox.DB, t outbox.Tables, slot string) (string, error) {
 	s, _, _, err := walrelay.Names(ctx, db, t, slot, slot)
 	return s, err
 }
@@ -68,7 +68,7 @@ func SlotName(ctx context.Context, db walrelay.Querier, t outbox.Tables, slot st
 // ReadWALSlot reads the slot; found is false when this database has no
 // slot of that name, which is how the operations commands tell a polled
 // outbox from one relayed from the WAL.
-func ReadWALSlot(ctx context.Context, db Queryer, slot string) (s WALSlot, found bool, err error) {
+func ReadWALSlot(ctx context.Context, db outbox.DB, slot string) (s WALSlot, found bool, err error) {
 	s.Name = slot
 	var inactive *time.Time
 	err = db.QueryRow(ctx, walSlotSQL, slot).Scan(&s.LagBytes, &s.WALStatus, &s.Active, &s.ActivePID,
@@ -86,7 +86,7 @@ func ReadWALSlot(ctx context.Context, db Queryer, slot string) (s WALSlot, found
 }
 
 // checkWAL is Check of the WAL source, cfg with its defaults.
-func checkWAL(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) {
+func checkWAL(ctx context.Context, db outbox.DB, cfg WatchdogConfig) (Report, error) {
 	slot := cfg.Source.Slot()
 	rep := Report{Source: cfg.Source, MaxSlotLagBytes: cfg.MaxSlotLagBytes, MaxInactive: cfg.MaxInactive}
 	s, found, err := ReadWALSlot(ctx, db, slot)
@@ -122,7 +122,7 @@ func checkWAL(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, erro
 
 // readWALStats is ReadStats of the WAL source: the slot (which must
 // exist) and the table.
-func readWALStats(ctx context.Context, db Queryer, tables outbox.Tables, src Source) (Stats, error) {
+func readWALStats(ctx context.Context, db outbox.DB, tables outbox.Tables, src Source) (Stats, error) {
 	st := Stats{Source: src}
 	slot := src.Slot()
 	s, found, err := ReadWALSlot(ctx, db, slot)
@@ -142,7 +142,7 @@ func readWALStats(ctx context.Context, db Queryer, tables outbox.Tables, src Sou
 	return st, err
 }
 
-func readTable(ctx context.Context, db Queryer, tables outbox.Tables) (Table, error) {
+func readTable(ctx context.Context, db outbox.DB, tables outbox.Tables) (Table, error) {
 	var t Table
 	var lastVacuum, lastAuto *time.Time
 	if err := db.QueryRow(ctx, tableSQL, tables.OutboxIdent()).Scan(&t.TableBytes, &t.LiveRows, &t.DeadRows, &lastVacuum, &lastAuto); err != nil {

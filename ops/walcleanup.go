@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
 )
 
@@ -38,7 +39,7 @@ type walHorizon struct {
 	xmin int64
 }
 
-func readWALHorizon(ctx context.Context, db Queryer) (walHorizon, error) {
+func readWALHorizon(ctx context.Context, db outbox.DB) (walHorizon, error) {
 	var h walHorizon
 	if err := db.QueryRow(ctx, walHorizonSQL).Scan(&h.lsn, &h.xmin); err != nil {
 		return h, fmt.Errorf("ops: cleanup: read the WAL position: %w", err)
@@ -49,7 +50,7 @@ func readWALHorizon(ctx context.Context, db Queryer) (walHorizon, error) {
 // waitWALHorizon notes the horizon and waits up to wait for slot to
 // confirm it. It returns ErrSlotBehind (wrapped) when the slot is gone,
 // lost or unreserved, or does not confirm in time.
-func waitWALHorizon(ctx context.Context, db Queryer, slot string, wait time.Duration) (walHorizon, error) {
+func waitWALHorizon(ctx context.Context, db outbox.DB, slot string, wait time.Duration) (walHorizon, error) {
 	h, err := readWALHorizon(ctx, db)
 	if err != nil {
 		return h, err

@@ -148,7 +148,7 @@ func (r Report) Healthy() bool {
 // known about them. For the WAL source the slot must exist, be within
 // MaxSlotLagBytes, not be lost or unreserved, and (PG 17+) not be inactive
 // longer than MaxInactive.
-func Check(ctx context.Context, db Queryer, cfg WatchdogConfig) (Report, error) {
+func Check(ctx context.Context, db outbox.DB, cfg WatchdogConfig) (Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}

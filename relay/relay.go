@@ -14,7 +14,6 @@ package relay
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,7 +21,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -32,6 +30,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/migrate"
+	"github.com/pgoutbox/outbox/relay/internal/rowheaders"
 )
 
 // Defaults of Config's polling fields, applied by New and used by `outbox
@@ -693,7 +692,7 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64)
 		m.ID, m.Type, m.CreatedAt = *id, *typ, *created
 		// A row written by hand can hold any JSONB in headers: it fails on
 		// its own, never the claim.
-		if m.Headers, err = DecodeHeaders(headers); err != nil {
+		if m.Headers, err = rowheaders.Decode(headers, PermanentReason); err != nil {
 			if bad == nil {
 				bad = map[int64]error{}
 			}
@@ -706,48 +705,6 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64)
 	}
 	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
 	return msgs, bad, int(locked), nil
-}
-
-// DecodeHeaders reads a row's headers column: SQL NULL, JSON null or a
-// JSON object of strings (not null, names not empty: what the insert
-// guard accepts) whose names the relayer does not set itself.
-// Anything else is a permanent failure of that row (ReasonUndecodable,
-// ReasonReservedHeader). Every source of Messages (the claim here, the WAL
-// source in relay/walrelay) decodes headers with it, so a row is published
-// or refused the same way whichever source reads it.
-func DecodeHeaders(raw []byte) (map[string]string, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
-	}
-	// Pointers tell a null value, which would decode as "", from "".
-	var h map[string]*string
-	if err := json.Unmarshal(raw, &h); err != nil {
-		return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s are not a JSON object of string values (%s); rewrite them as {\"name\": \"value\", ...} or park the row", clip.Text(string(raw), 200), err))
-	}
-	// Undecodable before reserved, whatever the map's order, so that a
-	// row's reason does not vary.
-	out := make(map[string]string, len(h))
-	for k, v := range h {
-		switch {
-		case k == "":
-			return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s have an empty name; rename it in the row's headers or park the row", clip.Text(string(raw), 200)))
-		case v == nil:
-			return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("header %q is null, not a string; set a value or drop the header in the row, or park the row", k))
-		}
-		out[k] = *v
-	}
-	if !utf8.Valid(raw) { // a SQL_ASCII database's bytes: keep them (headerbytes.go)
-		var err error
-		if out, err = headerBytes(raw); err != nil {
-			return nil, PermanentReason(ReasonUndecodable, fmt.Errorf("headers %s could not be read byte for byte (%s); rewrite them as {\"name\": \"value\", ...} or park the row", clip.Text(string(raw), 200), err))
-		}
-	}
-	for k := range out {
-		if outbox.IsReservedHeader(k) {
-			return nil, PermanentReason(ReasonReservedHeader, fmt.Errorf("header %q is set by the relayer and cannot come from the row; rename it in the row's headers or park the row", k))
-		}
-	}
-	return out, nil
 }
 
 // listen holds a LISTEN connection and turns notifications into wake-ups,

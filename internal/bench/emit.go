@@ -141,7 +141,7 @@ func emitTx(p *outbox.Producer, v emitVariant) func(ctx context.Context, tx pgx.
 		if v.queue {
 			batch := &pgx.Batch{}
 			batch.Queue(insertOrderSQL, o.OrderID, o.CustomerID, o.TotalCents, o.Currency)
-			if _, err := p.QueueEmit(batch, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
+			if _, err := p.QueueEmit(ctx, batch, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
 				return err
 			}
 			return tx.SendBatch(ctx, batch).Close()

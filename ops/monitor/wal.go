@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
 )
 
@@ -66,7 +67,7 @@ func registerWAL(reg *prometheus.Registry, figures func() WALFigures) *walGauges
 }
 
 // refresh reads the slot's state into the gauges.
-func (g *walGauges) refresh(ctx context.Context, db ops.Queryer, slot string) error {
+func (g *walGauges) refresh(ctx context.Context, db outbox.DB, slot string) error {
 	s, found, err := ops.ReadWALSlot(ctx, db, slot)
 	if err != nil {
 		return err

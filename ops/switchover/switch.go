@@ -113,7 +113,7 @@ type WALSetup struct {
 // Creating a slot waits for the transactions open at that moment to end.
 // Events committed before the slot exists are not in it: to move an
 // outbox from the polling relay, use PrepareSwitchToWAL, which calls this.
-func SetupWAL(ctx context.Context, db walrelay.Querier, tables outbox.Tables, slot, publication string) (WALSetup, error) {
+func SetupWAL(ctx context.Context, db outbox.DB, tables outbox.Tables, slot, publication string) (WALSetup, error) {
 	if err := tables.Validate(); err != nil {
 		return WALSetup{}, err
 	}
@@ -150,7 +150,7 @@ func SetupWAL(ctx context.Context, db walrelay.Querier, tables outbox.Tables, sl
 // many rows up to it are still pending. Read once the slot exists, every
 // event the slot lacks has an id at most cut; a polling relayer must
 // dispatch the pending ones before the WAL source starts.
-func ReadWALCut(ctx context.Context, db ops.Queryer, tables outbox.Tables) (cut, pending int64, err error) {
+func ReadWALCut(ctx context.Context, db outbox.DB, tables outbox.Tables) (cut, pending int64, err error) {
 	if err := tables.Validate(); err != nil {
 		return 0, 0, err
 	}
@@ -345,7 +345,7 @@ func heldList(held []ops.StuckRow) string {
 
 // readPendingUpTo counts the rows up to cut still pending, and those of
 // them held or behind a held row.
-func readPendingUpTo(ctx context.Context, db ops.Queryer, tables outbox.Tables, cut int64) (pending, blocked int64, err error) {
+func readPendingUpTo(ctx context.Context, db outbox.DB, tables outbox.Tables, cut int64) (pending, blocked int64, err error) {
 	if err := db.QueryRow(ctx, render(switchPendingSQL, tables), cut).Scan(&pending, &blocked); err != nil {
 		return 0, 0, fmt.Errorf("ops: count the pending rows of %s up to id %d: %w", tables.OutboxIdent(), cut, err)
 	}
@@ -353,7 +353,7 @@ func readPendingUpTo(ctx context.Context, db ops.Queryer, tables outbox.Tables, 
 }
 
 // readHeldUpTo lists the first limit held rows up to cut.
-func readHeldUpTo(ctx context.Context, db ops.Queryer, tables outbox.Tables, cut int64, limit int) ([]ops.StuckRow, error) {
+func readHeldUpTo(ctx context.Context, db outbox.DB, tables outbox.Tables, cut int64, limit int) ([]ops.StuckRow, error) {
 	rows, err := db.Query(ctx, render(switchHeldSQL, tables), cut, limit)
 	if err != nil {
 		return nil, fmt.Errorf("ops: list the held rows of %s up to id %d: %w", tables.OutboxIdent(), cut, err)
@@ -672,7 +672,7 @@ func (s slotState) startingRelayer() bool {
 
 // readSlotState reads slot; target, when not empty, is a WAL position to
 // compare its confirmed position with.
-func readSlotState(ctx context.Context, db walrelay.Querier, slot, target string) (slotState, bool, error) {
+func readSlotState(ctx context.Context, db outbox.DB, slot, target string) (slotState, bool, error) {
 	var s slotState
 	var lsn *string
 	if target != "" {

@@ -106,12 +106,12 @@ func NewPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
 	return client, nil
 }
 
-// Record builds the Kafka record for one outbox message. The message's own
+// record builds the Kafka record for one outbox message. The message's own
 // headers, the trace context Emit wrote (traceparent, tracestate) among
 // them, follow the relayer's, sorted by name. They never shadow the
 // relayer's: the relayer refuses a row whose headers use a reserved name,
-// and Record drops such a header if one gets here anyway.
-func Record(m relay.Message, source string) *kgo.Record {
+// and record drops such a header if one gets here anyway.
+func record(m relay.Message, source string) *kgo.Record {
 	hdrs := make([]kgo.RecordHeader, 0, 4+len(m.Headers))
 	hdrs = append(hdrs,
 		kgo.RecordHeader{Key: outbox.HeaderEventID, Value: strconv.AppendInt(nil, m.ID, 10)},
@@ -312,9 +312,9 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, e
 	var wg sync.WaitGroup
 	wg.Add(len(idx))
 	for _, i := range idx {
-		p.client.Produce(ctx, Record(msgs[i], p.source), func(_ *kgo.Record, err error) {
+		p.client.Produce(ctx, record(msgs[i], p.source), func(_ *kgo.Record, err error) {
 			if err != nil {
-				errs[i] = Classify(err)
+				errs[i] = classify(err)
 			}
 			wg.Done()
 		})
@@ -387,8 +387,8 @@ func topicsOf(msgs []relay.Message) []string {
 	return topics
 }
 
-// Classify wraps errors that retrying cannot fix with relay.PermanentReason.
-func Classify(err error) error {
+// classify wraps errors that retrying cannot fix with relay.PermanentReason.
+func classify(err error) error {
 	switch {
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
 		return relay.PermanentReason(relay.ReasonTooLarge, err)

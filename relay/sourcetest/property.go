@@ -291,7 +291,7 @@ func oracle(id int64, typ, payload, headers, source string, limit int) string {
 // (the type, then the headers). The type's topic must be valid with no
 // prefix; the headers SQL NULL, JSON null, or an object of string values
 // whose names are neither empty nor reserved: what the relayers decode
-// (relay.DecodeHeaders), refusing at insert what they would set aside.
+// (the relay's header decoding), refusing at insert what they would set aside.
 func guardOracle(typ, headers string) string {
 	if _, err := (outbox.KafkaRouting{}).Destination(typ); err != nil {
 		return "type_topic"

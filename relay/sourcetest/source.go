@@ -195,7 +195,7 @@ func (r *Relayer) stop() error {
 // cancelled, without waiting for it (Stop waits). It may be called from
 // inside the relayer's Sink.
 func (r *Relayer) Kill() {
-	n, err := Terminate(r.db, r.apps...)
+	n, err := terminate(r.db, r.apps...)
 	if err != nil {
 		r.t.Errorf("kill relayer: %v", err)
 	} else if n == 0 {
@@ -207,10 +207,10 @@ func (r *Relayer) Kill() {
 // Stats reads the relayer's counters.
 func (r *Relayer) Stats() Stats { return r.stats() }
 
-// Terminate ends every session on db's server named one of apps and waits
+// terminate ends every session on db's server named one of apps and waits
 // until they are gone, so that the next statement on their connections
 // fails for certain. It returns how many it ended.
-func Terminate(db *DB, apps ...string) (int, error) {
+func terminate(db *DB, apps ...string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Materialized first: in a plain WHERE, Postgres may call

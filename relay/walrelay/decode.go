@@ -13,6 +13,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/clip"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/internal/rowheaders"
 )
 
 // MessagePrefix is the prefix of the logical messages that carry events of
@@ -110,7 +111,7 @@ const timestampLayout = "2006-01-02 15:04:05.999999-07"
 
 // insertItem turns an inserted outbox row into an item, as the polling
 // relay's claim does: the same Message, headers decoded by
-// relay.DecodeHeaders, topic by the sink's routing.
+// rowheaders.Decode, topic by the sink's routing.
 func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing) (item, error) {
 	var it item
 	id, err := strconv.ParseInt(string(r.col(tup, "id")), 10, 64)
@@ -175,7 +176,7 @@ func messageItem(content []byte, committed time.Time, routing outbox.Routing) (i
 // polling relay does; a failure is the item's, permanent.
 func (it *item) finish(routing outbox.Routing) {
 	var err error
-	it.msg.Headers, err = relay.DecodeHeaders(it.rawHeaders)
+	it.msg.Headers, err = rowheaders.Decode(it.rawHeaders, relay.PermanentReason)
 	if err == nil {
 		it.msg.Topic, err = routing.Destination(it.msg.Type)
 		err = relay.PermanentReason(relay.ReasonInvalidTopic, err)

@@ -54,7 +54,7 @@ SELECT coalesce((SELECT array_agg('pg_catalog.' || fn ORDER BY fn) FROM f), '{}'
 // consumers would skip the real event with it as a duplicate. It fails
 // too when the function does not exist. Run checks it when Config.Messages
 // is on.
-func CheckMessages(ctx context.Context, db Querier, t outbox.Tables) error {
+func CheckMessages(ctx context.Context, db outbox.DB, t outbox.Tables) error {
 	fn := EmitMessageFunc(t)
 	var funcs, public, roles []string
 	var owner *string
@@ -100,7 +100,7 @@ func EmitMessageFunc(t outbox.Tables) string {
 // <outbox>_emit_message, if they are not superusers, then need EXECUTE
 // granted back (GrantMessagesSQL); producers need only EXECUTE on
 // EmitMessageFunc.
-func SecureMessages(ctx context.Context, db Querier) ([]string, error) {
+func SecureMessages(ctx context.Context, db outbox.DB) ([]string, error) {
 	stmts, err := revokeMessagesSQL(ctx, db)
 	if err != nil {
 		return nil, err
@@ -121,7 +121,7 @@ func SecureMessages(ctx context.Context, db Querier) ([]string, error) {
 // once SecureMessages has revoked them from PUBLIC: for the relay's role
 // and the owner of <outbox>_emit_message only (CheckMessages refuses any
 // other); producers are granted EmitMessageFunc instead.
-func GrantMessagesSQL(ctx context.Context, db Querier, role string) (string, error) {
+func GrantMessagesSQL(ctx context.Context, db outbox.DB, role string) (string, error) {
 	funcs, err := emitMessageFuncs(ctx, db)
 	if err != nil {
 		return "", err
@@ -129,7 +129,7 @@ func GrantMessagesSQL(ctx context.Context, db Querier, role string) (string, err
 	return "GRANT EXECUTE ON FUNCTION " + strings.Join(funcs, ", ") + " TO " + role + ";", nil
 }
 
-func revokeMessagesSQL(ctx context.Context, db Querier) ([]string, error) {
+func revokeMessagesSQL(ctx context.Context, db outbox.DB) ([]string, error) {
 	funcs, err := emitMessageFuncs(ctx, db)
 	if err != nil {
 		return nil, err
@@ -145,7 +145,7 @@ func revokeMessagesSQL(ctx context.Context, db Querier) ([]string, error) {
 const emitMessageFuncsSQL = `SELECT coalesce(array_agg('pg_catalog.' || p.oid::regprocedure::text ORDER BY p.oid::regprocedure::text), '{}')
 FROM pg_proc p WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace`
 
-func emitMessageFuncs(ctx context.Context, db Querier) ([]string, error) {
+func emitMessageFuncs(ctx context.Context, db outbox.DB) ([]string, error) {
 	var funcs []string
 	if err := db.QueryRow(ctx, emitMessageFuncsSQL).Scan(&funcs); err != nil {
 		return nil, fmt.Errorf("walrelay: list pg_logical_emit_message's overloads: %w", err)

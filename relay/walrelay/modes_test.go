@@ -90,7 +90,7 @@ func TestProducerModesThroughTheWAL(t *testing.T) {
 					batch := &pgx.Batch{}
 					batch.Queue("SELECT 1")
 					e := ev(i)
-					q, err := p.QueueEmitContext(ctx, batch, e)
+					q, err := p.QueueEmit(ctx, batch, e)
 					if err != nil {
 						return err
 					}

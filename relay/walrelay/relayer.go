@@ -341,7 +341,7 @@ func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
 // position: lost is fatal; active in another process is waited on for
 // SlotBusyTimeout (a leader that just died), then fatal, unless that
 // process is a relayer's stream (errSlotHeldByRelayer: step down, retry).
-func (r *Relayer) checkSlot(ctx context.Context, db Querier) (pglogrepl.LSN, error) {
+func (r *Relayer) checkSlot(ctx context.Context, db outbox.DB) (pglogrepl.LSN, error) {
 	var keep string
 	if err := db.QueryRow(ctx, `SELECT current_setting('max_slot_wal_keep_size')`).Scan(&keep); err == nil && keep == "-1" {
 		r.warnedKeep.Do(func() {

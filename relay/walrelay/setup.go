@@ -43,13 +43,6 @@ var (
 	ErrLegacySlot = errors.New("walrelay: the outbox's slot has the default name of an earlier version")
 )
 
-// Querier is the narrowest database handle the setup and lag functions
-// need: a *pgxpool.Pool, *pgx.Conn or pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // DefaultName is the slot and publication name for the outbox t in the
 // database named database when Config.Slot and Config.Publication are
 // empty: "outbox_<database>_<table>" for the public schema,
@@ -115,7 +108,7 @@ func DefaultNameOf(pool *pgxpool.Pool, t outbox.Tables) string {
 // before it named the database (legacyName): a relayer upgraded in place
 // then keeps them (legacy is true), where a new slot would start at the
 // current position and skip what is pending in the old one.
-func Names(ctx context.Context, db Querier, t outbox.Tables, slot, publication string) (s, p string, legacy bool, err error) {
+func Names(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string) (s, p string, legacy bool, err error) {
 	t = t.WithDefaults()
 	if slot != "" && publication != "" {
 		return slot, publication, false, nil
@@ -145,7 +138,7 @@ const legacySQL = `SELECT NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE s
 
 // legacySlot returns legacyName(t) when the outbox's slot is under it
 // and none under def; "" otherwise.
-func legacySlot(ctx context.Context, db Querier, t outbox.Tables, def string) (string, error) {
+func legacySlot(ctx context.Context, db outbox.DB, t outbox.Tables, def string) (string, error) {
 	old := legacyName(t)
 	if old == def {
 		return "", nil
@@ -177,7 +170,7 @@ func legacySlot(ctx context.Context, db Querier, t outbox.Tables, def string) (s
 // nobody reads keeps WAL on the server's disk without limit (unless
 // max_slot_wal_keep_size is set): drop the slot of an outbox you stop
 // relaying from the WAL.
-func Setup(ctx context.Context, db Querier, t outbox.Tables, slot, publication string) error {
+func Setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string) error {
 	t = t.WithDefaults()
 	if err := validNames(slot, publication); err != nil {
 		return err
@@ -237,7 +230,7 @@ func Setup(ctx context.Context, db Querier, t outbox.Tables, slot, publication s
 // checkPublication fails with ErrNotThisOutbox unless publication
 // publishes the inserts of exactly the outbox table: a relayer streaming
 // another table's publication would publish nothing and confirm the slot.
-func checkPublication(ctx context.Context, db Querier, t outbox.Tables, publication string) error {
+func checkPublication(ctx context.Context, db outbox.DB, t outbox.Tables, publication string) error {
 	var (
 		found, inserts bool
 		tables         []string
@@ -284,7 +277,7 @@ func checkPublication(ctx context.Context, db Querier, t outbox.Tables, publicat
 // checkSlotHome fails with ErrNotThisOutbox when a slot named slot
 // exists but belongs to another database (slot names are cluster-wide)
 // or is not a pgoutput slot.
-func checkSlotHome(ctx context.Context, db Querier, slot string) error {
+func checkSlotHome(ctx context.Context, db outbox.DB, slot string) error {
 	var database, plugin, here string
 	err := db.QueryRow(ctx, slotHomeSQL, slot).Scan(&database, &plugin, &here)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -321,7 +314,7 @@ func quoteLiteral(s string) string {
 // committed since the slot's last acknowledged position and not yet
 // published are then only in the table (plain-insert mode) or gone
 // (insert+delete, logical messages).
-func Teardown(ctx context.Context, db Querier, slot, publication string) error {
+func Teardown(ctx context.Context, db outbox.DB, slot, publication string) error {
 	if err := validNames(slot, publication); err != nil {
 		return err
 	}
@@ -345,7 +338,7 @@ func validNames(slot, publication string) error {
 }
 
 // checkWALLevel fails with ErrWALLevel unless the server decodes its WAL.
-func checkWALLevel(ctx context.Context, db Querier) error {
+func checkWALLevel(ctx context.Context, db outbox.DB) error {
 	var level string
 	if err := db.QueryRow(ctx, `SELECT current_setting('wal_level')`).Scan(&level); err != nil {
 		return fmt.Errorf("walrelay: read wal_level: %w", err)
@@ -371,7 +364,7 @@ type SlotLag struct {
 // Lag reads a slot's lag in bytes from the server (pg_current_wal_lsn() -
 // confirmed_flush_lsn), for metrics and alerts; any replica can ask.
 // Relayer.Lag gives the leader's lag in time.
-func Lag(ctx context.Context, db Querier, slot string) (SlotLag, error) {
+func Lag(ctx context.Context, db outbox.DB, slot string) (SlotLag, error) {
 	var l SlotLag
 	err := db.QueryRow(ctx, `SELECT coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, 0), coalesce(wal_status, ''), active
 		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&l.Bytes, &l.WALStatus, &l.Active)

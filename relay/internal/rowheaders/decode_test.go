@@ -1,4 +1,4 @@
-package relay_test
+package rowheaders_test
 
 import (
 	"testing"
@@ -6,19 +6,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/internal/rowheaders"
 )
 
 // A row's headers are published when the insert guard would have let them
 // in, and refused for good, with a reason and what to do, when not (rows
 // from before the guard, logical messages of the WAL source).
-func TestDecodeHeaders(t *testing.T) {
+func TestDecode(t *testing.T) {
 	t.Parallel()
 	for _, raw := range []string{"", "null", "{}"} {
-		h, err := relay.DecodeHeaders([]byte(raw))
+		h, err := rowheaders.Decode([]byte(raw), relay.PermanentReason)
 		require.NoError(t, err, raw)
 		require.Empty(t, h, raw)
 	}
-	h, err := relay.DecodeHeaders([]byte(`{"trace": "abc", "empty": ""}`))
+	h, err := rowheaders.Decode([]byte(`{"trace": "abc", "empty": ""}`), relay.PermanentReason)
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"trace": "abc", "empty": ""}, h)
 
@@ -36,7 +37,7 @@ func TestDecodeHeaders(t *testing.T) {
 		`{"event_id": "1", "b": null}`: {relay.ReasonUndecodable, `header "b" is null`},
 		`{"event_id": "1", "": "x"}`:   {relay.ReasonUndecodable, "have an empty name"},
 	} {
-		_, err := relay.DecodeHeaders([]byte(raw))
+		_, err := rowheaders.Decode([]byte(raw), relay.PermanentReason)
 		require.ErrorContains(t, err, want.text, raw)
 		require.True(t, relay.IsPermanent(err), raw)
 		require.Equal(t, want.reason, relay.ReasonOf(err), raw)
