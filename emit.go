@@ -66,7 +66,7 @@ type Config struct {
 	// false (lock on).
 	DisableAggregateLock bool
 	// LockBuckets is the number of advisory lock keys aggregates hash into.
-	// Defaults to DefaultLockBuckets.
+	// Defaults to DefaultLockBuckets (1024).
 	LockBuckets int
 	// DisableNotify stops Emit from sending a NOTIFY that wakes idle
 	// relayers at commit. With it off, relayers find new rows at their poll
@@ -82,8 +82,8 @@ type Config struct {
 	// The relayer a NOTIFY woke keeps polling quickly while it finds rows
 	// (relay.Config.BusyPollInterval), which picks up the events that did
 	// not notify. One that commits long after its Emit, when no other event
-	// follows, can wait for the relayer's poll interval. Defaults to 10ms;
-	// a negative value notifies on every Emit.
+	// follows, can wait for the relayer's poll interval. Defaults to
+	// DefaultNotifyInterval (10ms); a negative value notifies on every Emit.
 	NotifyInterval time.Duration
 	// Propagator writes the trace context of the span in Emit's ctx into
 	// the event's headers (traceparent and tracestate with the default), so
@@ -118,37 +118,19 @@ type Producer struct {
 	lastNotify atomic.Int64 // nanoseconds since epoch, 0 before the first
 }
 
-// NewProducer validates cfg, applies its defaults and prepares the insert
-// statement.
+// NewProducer applies cfg's defaults, validates it and prepares the
+// insert statements.
 func NewProducer(cfg Config) (*Producer, error) {
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	cfg.Tables = cfg.Tables.WithDefaults()
-	if err := cfg.routing(); err != nil {
-		return nil, err
-	}
-	if cfg.LockBuckets == 0 {
-		cfg.LockBuckets = DefaultLockBuckets
-	}
-	if cfg.LockBuckets < 0 {
-		return nil, fmt.Errorf("outbox: LockBuckets is %d; use a positive number, or 0 for the default", cfg.LockBuckets)
-	}
-	if cfg.Mode < ModeInsert || cfg.Mode > ModeMessage {
-		return nil, fmt.Errorf("outbox: Mode is %d; use ModeInsert, ModeInsertDelete or ModeMessage", int(cfg.Mode))
 	}
 	if cfg.Mode.WALOnly() {
 		cfg.DisableAggregateLock = true
 		cfg.DisableNotify = true
 	}
-	switch {
-	case cfg.NotifyInterval == 0:
-		cfg.NotifyInterval = DefaultNotifyInterval
-	case cfg.NotifyInterval < 0:
-		cfg.NotifyInterval = 0
-	}
-	if cfg.Propagator == nil {
-		cfg.Propagator = defaultPropagator()
+	if cfg.NotifyInterval < 0 {
+		cfg.NotifyInterval = 0 // notify on every Emit
 	}
 	p := &Producer{
 		cfg:     cfg,
@@ -173,28 +155,57 @@ func NewProducer(cfg Config) (*Producer, error) {
 	return p, nil
 }
 
-// routing sets cfg.Routing, to the Kafka routing of TopicPrefix and
-// MaxRecordBytes when it is nil, and validates it.
-func (cfg *Config) routing() error {
-	if cfg.Routing != nil {
-		if cfg.TopicPrefix != "" || cfg.MaxRecordBytes != 0 {
-			return fmt.Errorf("outbox: Config.Routing is set (%T), and so are TopicPrefix or MaxRecordBytes, which configure only the default Kafka routing; leave them empty and configure the routing itself (e.g. KafkaRouting{TopicPrefix: ...})", cfg.Routing)
+// WithDefaults returns cfg with its zero fields set to their defaults:
+// with Routing nil, MaxRecordBytes to DefaultMaxRecordBytes and Routing to
+// the KafkaRouting of TopicPrefix and MaxRecordBytes. Negative values are
+// left for Validate to refuse (a negative NotifyInterval is kept: it
+// means notify on every Emit).
+func (cfg Config) WithDefaults() Config {
+	cfg.Tables = cfg.Tables.WithDefaults()
+	if cfg.Routing == nil {
+		if cfg.MaxRecordBytes == 0 {
+			cfg.MaxRecordBytes = DefaultMaxRecordBytes
 		}
-		if v, ok := cfg.Routing.(interface{ Validate() error }); ok {
-			if err := v.Validate(); err != nil {
-				return fmt.Errorf("outbox: Config.Routing: %w", err)
-			}
+		cfg.Routing = KafkaRouting{TopicPrefix: cfg.TopicPrefix, MaxRecordBytes: cfg.MaxRecordBytes}
+	}
+	if cfg.LockBuckets == 0 {
+		cfg.LockBuckets = DefaultLockBuckets
+	}
+	if cfg.NotifyInterval == 0 {
+		cfg.NotifyInterval = DefaultNotifyInterval
+	}
+	if cfg.Propagator == nil {
+		cfg.Propagator = defaultPropagator()
+	}
+	return cfg
+}
+
+// Validate reports the first field of cfg (with its defaults applied)
+// that a Producer cannot use, saying what to set instead.
+func (cfg Config) Validate() error {
+	if err := cfg.Tables.Validate(); err != nil {
+		return err
+	}
+	if cfg.Routing != nil && (cfg.TopicPrefix != "" || cfg.MaxRecordBytes != 0) &&
+		cfg.Routing != (KafkaRouting{TopicPrefix: cfg.TopicPrefix, MaxRecordBytes: cfg.MaxRecordBytes}) {
+		return fmt.Errorf("outbox: Config.Routing is set (%T), and so are TopicPrefix or MaxRecordBytes, which configure only the default Kafka routing; leave them empty and configure the routing itself (e.g. KafkaRouting{TopicPrefix: ...})", cfg.Routing)
+	}
+	cfg = cfg.WithDefaults()
+	if k, ok := cfg.Routing.(KafkaRouting); ok && k == (KafkaRouting{TopicPrefix: cfg.TopicPrefix, MaxRecordBytes: cfg.MaxRecordBytes}) {
+		if err := k.Validate(); err != nil {
+			return fmt.Errorf("outbox: %w", err)
 		}
-		return nil
+	} else if v, ok := cfg.Routing.(interface{ Validate() error }); ok {
+		if err := v.Validate(); err != nil {
+			return fmt.Errorf("outbox: Config.Routing: %w", err)
+		}
 	}
-	if cfg.MaxRecordBytes == 0 {
-		cfg.MaxRecordBytes = DefaultMaxRecordBytes
+	if cfg.LockBuckets < 0 {
+		return fmt.Errorf("outbox: LockBuckets is %d; use a positive number, or 0 for the default", cfg.LockBuckets)
 	}
-	k := KafkaRouting{TopicPrefix: cfg.TopicPrefix, MaxRecordBytes: cfg.MaxRecordBytes}
-	if err := k.Validate(); err != nil {
-		return fmt.Errorf("outbox: %w", err)
+	if cfg.Mode < ModeInsert || cfg.Mode > ModeMessage {
+		return fmt.Errorf("outbox: Mode is %d; use ModeInsert, ModeInsertDelete or ModeMessage", int(cfg.Mode))
 	}
-	cfg.Routing = k
 	return nil
 }
 

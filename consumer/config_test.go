@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
 )
 
@@ -29,6 +30,7 @@ func TestConfigWithDefaults(t *testing.T) {
 	require.NotNil(t, got.Logger)
 	require.NotNil(t, got.TracerProvider)
 	require.NotNil(t, got.Propagator)
+	require.Equal(t, outbox.Tables{}.WithDefaults(), consumer.ProcessorConfig{}.WithDefaults().Tables)
 
 	set := consumer.Config{Group: "g", MaxAttempts: 2, BatchSize: -3}.WithDefaults()
 	require.Equal(t, "g", set.Group)

@@ -89,6 +89,29 @@ type ProcessorConfig struct {
 	TxOptions pgx.TxOptions
 }
 
+// WithDefaults returns cfg with its zero fields set to their defaults.
+func (cfg ProcessorConfig) WithDefaults() ProcessorConfig {
+	cfg.Tables = cfg.Tables.WithDefaults()
+	return cfg
+}
+
+// Validate reports the first field of cfg that a Processor cannot use,
+// saying what to set instead.
+func (cfg ProcessorConfig) Validate() error {
+	if strings.TrimSpace(cfg.Name) == "" {
+		return errors.New("consumer: Name is empty; name the consumer, e.g. \"loyalty\": events are deduplicated per name")
+	}
+	if why := pgtext.Invalid(cfg.Name); why != "" {
+		// Else the processed table would refuse every event, and each
+		// would be dead-lettered as invalid.
+		return fmt.Errorf("consumer: Name %q %s; it is stored in a text column", cfg.Name, why)
+	}
+	if cfg.Pool == nil {
+		return errors.New("consumer: Pool is nil; pass a *pgxpool.Pool connected to the database the handlers write to")
+	}
+	return cfg.Tables.Validate()
+}
+
 // ProcessorStats are cumulative counters since the Processor was created.
 type ProcessorStats struct {
 	// Processed events: handler ran and committed.
@@ -110,23 +133,12 @@ type Processor struct {
 	processed, duplicates, handlerErrors atomic.Int64
 }
 
-// NewProcessor validates cfg and applies its defaults.
+// NewProcessor applies cfg's defaults and validates it.
 func NewProcessor(cfg ProcessorConfig) (*Processor, error) {
-	if strings.TrimSpace(cfg.Name) == "" {
-		return nil, errors.New("consumer: Name is empty; name the consumer, e.g. \"loyalty\": events are deduplicated per name")
-	}
-	if why := pgtext.Invalid(cfg.Name); why != "" {
-		// Else the processed table would refuse every event, and each
-		// would be dead-lettered as invalid.
-		return nil, fmt.Errorf("consumer: Name %q %s; it is stored in a text column", cfg.Name, why)
-	}
-	if cfg.Pool == nil {
-		return nil, errors.New("consumer: Pool is nil; pass a *pgxpool.Pool connected to the database the handlers write to")
-	}
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg.Tables = cfg.Tables.WithDefaults()
 	table := cfg.Tables.ProcessedIdent()
 	return &Processor{
 		cfg:        cfg,

@@ -300,10 +300,12 @@ func TestProcessorConfigErrors(t *testing.T) {
 		{"empty name", consumer.ProcessorConfig{Pool: b.db.Pool}, "Name is empty"},
 		{"blank name", consumer.ProcessorConfig{Name: "  ", Pool: b.db.Pool}, "Name is empty"},
 		{"nil pool", consumer.ProcessorConfig{Name: "x"}, "Pool is nil"},
+		{"nul in name", consumer.ProcessorConfig{Name: "a\x00b", Pool: b.db.Pool}, "it is stored in a text column"},
 		{"bad table", consumer.ProcessorConfig{Name: "x", Pool: b.db.Pool, Tables: outbox.Tables{Processed: "a;b"}}, "processed table"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			require.ErrorContains(t, tc.cfg.WithDefaults().Validate(), tc.want)
 			_, err := consumer.NewProcessor(tc.cfg)
 			require.ErrorContains(t, err, tc.want)
 		})

@@ -20,12 +20,19 @@ import (
 	"github.com/pgoutbox/outbox/kafka"
 )
 
+// Defaults of Config, applied by WithDefaults (and so by Start).
+const (
+	DefaultListen     = "127.0.0.1:0"
+	DefaultPartitions = 6
+)
+
 // Config configures a dev broker.
 type Config struct {
 	// Listen is host:port. Port 0 picks a free port. Defaults to
-	// "127.0.0.1:0".
+	// DefaultListen ("127.0.0.1:0").
 	Listen string
-	// Partitions for auto-created topics. Defaults to 6.
+	// Partitions for auto-created topics. Defaults to DefaultPartitions
+	// (6).
 	Partitions int
 	// DataDir, when set, persists topics and offsets across restarts
 	// after a clean stop (Close): the topic list is written only then, so
@@ -48,32 +55,61 @@ type Broker struct {
 	*kfake.Cluster
 }
 
-// Start starts the broker and returns once it is listening.
-func Start(cfg Config) (*Broker, error) {
+// WithDefaults returns cfg with its zero fields set to their defaults.
+func (cfg Config) WithDefaults() Config {
 	if cfg.Listen == "" {
-		cfg.Listen = "127.0.0.1:0"
+		cfg.Listen = DefaultListen
 	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = DefaultPartitions
+	}
+	return cfg
+}
+
+// Validate reports the first field of cfg (with its defaults applied)
+// that a broker cannot start with, saying what to set instead.
+func (cfg Config) Validate() error {
+	_, _, err := cfg.WithDefaults().listen()
+	if err != nil {
+		return err
+	}
+	if cfg.Partitions < 0 {
+		return fmt.Errorf("devkafka: Config.Partitions is %d; use a positive number", cfg.Partitions)
+	}
+	if cfg.MaxMessageBytes < 0 {
+		return fmt.Errorf("devkafka: Config.MaxMessageBytes is %d; use a positive size, or 0 for the default %d", cfg.MaxMessageBytes, kafka.DefaultMaxMessageBytes)
+	}
+	return nil
+}
+
+// listen splits Listen into the host and port to bind.
+func (cfg Config) listen() (string, int, error) {
 	host, portStr, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("devkafka: listen address %q: %w; write it as host:port, e.g. 127.0.0.1:9092", cfg.Listen, err)
+		return "", 0, fmt.Errorf("devkafka: listen address %q: %w; write it as host:port, e.g. 127.0.0.1:9092", cfg.Listen, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil || port < 0 || port > 65535 {
-		return nil, fmt.Errorf("devkafka: listen port %q is not a port number", portStr)
+		return "", 0, fmt.Errorf("devkafka: listen port %q is not a port number", portStr)
 	}
 	if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
 		// The broker advertises the address it listens on; 0.0.0.0 is not
 		// an address a client can connect to.
-		return nil, fmt.Errorf("devkafka: the broker must listen on a concrete address clients can reach (e.g. 127.0.0.1:%d), not %q", port, cfg.Listen)
+		return "", 0, fmt.Errorf("devkafka: the broker must listen on a concrete address clients can reach (e.g. 127.0.0.1:%d), not %q", port, cfg.Listen)
 	}
-	if cfg.Partitions == 0 {
-		cfg.Partitions = 6
+	return host, port, nil
+}
+
+// Start applies cfg's defaults, validates it, starts the broker and
+// returns once it is listening.
+func Start(cfg Config) (*Broker, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if cfg.Partitions < 0 {
-		return nil, fmt.Errorf("devkafka: Config.Partitions is %d; use a positive number", cfg.Partitions)
-	}
-	if cfg.MaxMessageBytes < 0 {
-		return nil, fmt.Errorf("devkafka: Config.MaxMessageBytes is %d; use a positive size, or 0 for the default %d", cfg.MaxMessageBytes, kafka.DefaultMaxMessageBytes)
+	host, port, err := cfg.listen()
+	if err != nil {
+		return nil, err
 	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),

@@ -16,11 +16,18 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
+// Defaults of ClientConfig, applied by WithDefaults (and so by Options).
+const (
+	DefaultClientID    = "outbox"
+	DefaultDialTimeout = 10 * time.Second
+)
+
 // ClientConfig says how to reach a cluster.
 type ClientConfig struct {
 	// Brokers are seed addresses, host:port. Required.
 	Brokers []string
-	// ClientID names the client in broker logs. Defaults to "outbox".
+	// ClientID names the client in broker logs. Defaults to
+	// DefaultClientID ("outbox").
 	ClientID string
 	// TLS enables TLS when true, with CAFile (PEM) added to the system
 	// roots when set, and CertFile/KeyFile as the client certificate.
@@ -35,7 +42,8 @@ type ClientConfig struct {
 	// (PlaintextPassword reports when it is not).
 	SASLMechanism          string
 	SASLUser, SASLPassword string
-	// DialTimeout bounds one connection attempt. Defaults to 10s.
+	// DialTimeout bounds one connection attempt. Defaults to
+	// DefaultDialTimeout (10s).
 	DialTimeout time.Duration
 	// Logger receives a warning when a connection to a broker fails (the
 	// first failure at once, then one line a minute per broker while it
@@ -47,32 +55,53 @@ type ClientConfig struct {
 	Opts []kgo.Opt
 }
 
-// Options turns the configuration into franz-go client options.
-func (c ClientConfig) Options() ([]kgo.Opt, error) {
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c ClientConfig) WithDefaults() ClientConfig {
+	if c.ClientID == "" {
+		c.ClientID = DefaultClientID
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports the first field of c that no client can connect with,
+// saying what to set instead. The TLS files are read by Options.
+func (c ClientConfig) Validate() error {
 	if len(c.Brokers) == 0 {
-		return nil, errors.New("kafka: no brokers; set ClientConfig.Brokers to at least one seed broker, host:port")
+		return errors.New("kafka: no brokers; set ClientConfig.Brokers to at least one seed broker, host:port")
 	}
 	for _, b := range c.Brokers {
 		if !strings.Contains(b, ":") {
-			return nil, fmt.Errorf("kafka: broker %q has no port; write it as host:port, e.g. %s:9092", b, b)
+			return fmt.Errorf("kafka: broker %q has no port; write it as host:port, e.g. %s:9092", b, b)
 		}
 	}
-	id := c.ClientID
-	if id == "" {
-		id = "outbox"
-	}
-	dial := c.DialTimeout
-	if dial == 0 {
-		dial = 10 * time.Second
-	}
 	if c.TLSInsecureSkipVerify && !c.tlsOn() {
-		return nil, errors.New("kafka: TLSInsecureSkipVerify is set but TLS is off, so the connection would be plaintext; set ClientConfig.TLS too, or drop TLSInsecureSkipVerify")
+		return errors.New("kafka: TLSInsecureSkipVerify is set but TLS is off, so the connection would be plaintext; set ClientConfig.TLS too, or drop TLSInsecureSkipVerify")
 	}
-	log := c.Logger
-	if log == nil {
-		log = slog.Default()
+	if (c.CertFile != "" || c.KeyFile != "") && (c.CertFile == "" || c.KeyFile == "") {
+		return errors.New("kafka: a TLS client certificate needs both ClientConfig.CertFile and ClientConfig.KeyFile; set both, or neither")
 	}
-	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.ClientID(id), kgo.DialTimeout(dial), kgo.WithHooks(newConnLog(log))}
+	if c.SASLMechanism != "" {
+		if _, err := c.saslMechanism(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Options applies c's defaults, validates it and turns it into franz-go
+// client options.
+func (c ClientConfig) Options() ([]kgo.Opt, error) {
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.ClientID(c.ClientID), kgo.DialTimeout(c.DialTimeout), kgo.WithHooks(newConnLog(c.Logger))}
 	if c.tlsOn() {
 		tc, err := c.tlsConfig()
 		if err != nil {
@@ -117,10 +146,7 @@ func (c ClientConfig) tlsConfig() (*tls.Config, error) {
 		}
 		tc.RootCAs = pool
 	}
-	if c.CertFile != "" || c.KeyFile != "" {
-		if c.CertFile == "" || c.KeyFile == "" {
-			return nil, errors.New("kafka: a TLS client certificate needs both ClientConfig.CertFile and ClientConfig.KeyFile; set both, or neither")
-		}
+	if c.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("kafka: load TLS client certificate: %w", err)

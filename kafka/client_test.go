@@ -68,8 +68,14 @@ func TestPlaintextPassword(t *testing.T) {
 	require.False(t, kafka.ClientConfig{SASLMechanism: "SCRAM-SHA-512"}.PlaintextPassword())
 }
 
-func TestClientConfigRejectsBadInput(t *testing.T) {
+func TestClientConfigWithDefaultsAndValidate(t *testing.T) {
 	t.Parallel()
+	d := kafka.ClientConfig{}.WithDefaults()
+	require.Equal(t, kafka.DefaultClientID, d.ClientID)
+	require.Equal(t, kafka.DefaultDialTimeout, d.DialTimeout)
+	require.NotNil(t, d.Logger)
+	require.Equal(t, "mine", kafka.ClientConfig{ClientID: "mine"}.WithDefaults().ClientID)
+	require.NoError(t, kafka.ClientConfig{Brokers: []string{"h:9092"}}.Validate())
 	cases := []struct {
 		cfg  kafka.ClientConfig
 		want string
@@ -86,5 +92,10 @@ func TestClientConfigRejectsBadInput(t *testing.T) {
 		_, err := tc.cfg.Options()
 		require.ErrorContains(t, err, tc.want)
 		require.NotContains(t, err.Error(), "--", "a library error names config fields, not the CLI's flags")
+		if tc.cfg.CAFile == "" {
+			require.ErrorContains(t, tc.cfg.WithDefaults().Validate(), tc.want, "Validate")
+		} else {
+			require.NoError(t, tc.cfg.Validate(), "Validate does not read the TLS files")
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/cleanuplock"
+	"github.com/pgoutbox/outbox/internal/durations"
 )
 
 // Cleanup defaults.
@@ -52,10 +53,11 @@ type CleanupConfig struct {
 	// it in another database and clean it there. Defaults to false.
 	SkipProcessed bool
 	// BatchSize is the most rows one delete statement looks at. Each batch
-	// is its own short transaction. Defaults to DefaultCleanupBatch.
+	// is its own short transaction. At most 1000000. Defaults to
+	// DefaultCleanupBatch (10000).
 	BatchSize int
 	// Pause between batches gives vacuum, replicas and the relay room.
-	// Defaults to DefaultCleanupPause.
+	// Defaults to DefaultCleanupPause (100ms).
 	Pause time.Duration
 	// Source relays the outbox. For the WAL source (`outbox relay --mode
 	// wal`), whose rows keep dispatched_at NULL, the outbox part deletes
@@ -84,46 +86,40 @@ const DefaultWALConfirmWait = time.Minute
 // have delivered.
 var ErrSlotBehind = errors.New("ops: the replication slot has not confirmed the rows cleanup would delete")
 
-// Validate reports what Cleanup would refuse: a bad table name, a
-// negative duration, a batch size out of range.
-func (c CleanupConfig) Validate() error {
-	_, err := c.withDefaults()
-	return err
-}
-
-func (c CleanupConfig) withDefaults() (CleanupConfig, error) {
-	if err := c.Tables.Validate(); err != nil {
-		return c, err
-	}
+// WithDefaults returns c with its zero fields set to their defaults.
+// Negative values are left for Validate to refuse.
+func (c CleanupConfig) WithDefaults() CleanupConfig {
 	c.Tables = c.Tables.WithDefaults()
-	if c.Retention < 0 || c.ProcessedRetention < 0 || c.Pause < 0 {
-		return c, fmt.Errorf("ops: cleanup Retention (%s), ProcessedRetention (%s) and Pause (%s) must not be negative; 0 means the default", c.Retention, c.ProcessedRetention, c.Pause)
-	}
-	if c.BatchSize < 0 || c.BatchSize > 1_000_000 {
-		return c, fmt.Errorf("ops: cleanup BatchSize is %d; use 1 to 1000000, or 0 for the default %d", c.BatchSize, DefaultCleanupBatch)
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.ProcessedRetention == 0 {
-		c.ProcessedRetention = DefaultProcessedRetention
-	}
 	if c.BatchSize == 0 {
 		c.BatchSize = DefaultCleanupBatch
 	}
-	if c.Pause == 0 {
-		c.Pause = DefaultCleanupPause
-	}
-	if c.WALConfirmWait < 0 {
-		return c, fmt.Errorf("ops: cleanup WALConfirmWait is %s; use a positive duration, or 0 for the default", c.WALConfirmWait)
-	}
-	if c.WALConfirmWait == 0 {
-		c.WALConfirmWait = DefaultWALConfirmWait
-	}
+	durations.Fill(c.durations())
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return c, nil
+	return c
+}
+
+// durations lists c's durations with their defaults.
+func (c *CleanupConfig) durations() []durations.Default {
+	return []durations.Default{
+		{Name: "Retention", V: &c.Retention, Def: DefaultRetention},
+		{Name: "ProcessedRetention", V: &c.ProcessedRetention, Def: DefaultProcessedRetention},
+		{Name: "Pause", V: &c.Pause, Def: DefaultCleanupPause},
+		{Name: "WALConfirmWait", V: &c.WALConfirmWait, Def: DefaultWALConfirmWait},
+	}
+}
+
+// Validate reports what Cleanup would refuse: a bad table name, a
+// negative duration, a batch size out of range.
+func (c CleanupConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	if c.BatchSize < 0 || c.BatchSize > 1_000_000 {
+		return fmt.Errorf("ops: cleanup BatchSize is %d; use 1 to 1000000, or 0 for the default %d", c.BatchSize, DefaultCleanupBatch)
+	}
+	return durations.Check("cleanup", c.durations())
 }
 
 // CleanupResult reports what Cleanup deleted.
@@ -162,8 +158,8 @@ type TableCleanup struct {
 // far and ctx's error; every finished batch stays committed.
 func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (CleanupResult, error) {
 	var res CleanupResult
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
 	conn, unlock, err := lockCleanup(ctx, pool, cfg.Tables)

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,13 +80,6 @@ func notifyAndCommit(ctx context.Context, tx pgx.Tx, t outbox.Tables) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
-}
-
-func logger(l *slog.Logger, t outbox.Tables) *slog.Logger {
-	if l == nil {
-		l = slog.Default()
-	}
-	return l.With("outbox", t.OutboxIdent())
 }
 
 func fmtTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }

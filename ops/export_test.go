@@ -18,8 +18,8 @@ func WALHorizon(ctx context.Context, db outbox.DB) (lsn string, xmin int64, err 
 
 func CleanupWALAt(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig, lsn string, xmin int64) (TableCleanup, error) {
 	var tc TableCleanup
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return tc, err
 	}
 	conn, err := pool.Acquire(ctx)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/durations"
 	"github.com/pgoutbox/outbox/migrate"
 )
 
@@ -37,6 +38,38 @@ type ParkConfig struct {
 	// Logger receives the Info line of an applied run. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// WithDefaults returns c with its zero fields set to their defaults.
+// A negative LockTimeout is left for Validate to refuse.
+func (c ParkConfig) WithDefaults() ParkConfig {
+	c.Tables = c.Tables.WithDefaults()
+	durations.Fill(c.durations())
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c *ParkConfig) durations() []durations.Default {
+	return []durations.Default{{Name: "LockTimeout", V: &c.LockTimeout, Def: DefaultParkLockTimeout}}
+}
+
+// Validate reports a bad table name, id, Reason or LockTimeout.
+func (c ParkConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	if c.ID <= 0 {
+		return fmt.Errorf("ops: event id %d: ids are positive", c.ID)
+	}
+	if strings.TrimSpace(c.Reason) == "" {
+		return errors.New("ops: park needs a reason: it is kept with the parked row for whoever unparks it")
+	}
+	if why := pgtext.Invalid(c.Reason); why != "" {
+		return fmt.Errorf("ops: park reason %s; write it as plain text", why)
+	}
+	return durations.Check("park", c.durations())
 }
 
 // ParkedEvent is an event in the parked table (or, in a dry run, one that
@@ -80,26 +113,12 @@ type ParkResult struct {
 // published row cannot be parked) or ErrEventParked (already parked).
 func Park(ctx context.Context, db outbox.DB, cfg ParkConfig) (ParkResult, error) {
 	res := ParkResult{Applied: cfg.Apply}
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
-	t := cfg.Tables.WithDefaults()
-	if cfg.ID <= 0 {
-		return res, fmt.Errorf("ops: event id %d: ids are positive", cfg.ID)
-	}
-	if strings.TrimSpace(cfg.Reason) == "" {
-		return res, errors.New("ops: park needs a reason: it is kept with the parked row for whoever unparks it")
-	}
-	if why := pgtext.Invalid(cfg.Reason); why != "" {
-		return res, fmt.Errorf("ops: park reason %s; write it as plain text", why)
-	}
-	if cfg.LockTimeout < 0 {
-		return res, fmt.Errorf("ops: park LockTimeout is %s; use a positive duration, or 0 for the default %s", cfg.LockTimeout, DefaultParkLockTimeout)
-	}
-	if cfg.LockTimeout == 0 {
-		cfg.LockTimeout = DefaultParkLockTimeout
-	}
-	log := logger(cfg.Logger, t)
+	t := cfg.Tables
+	log := cfg.Logger.With("outbox", t.OutboxIdent())
 
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -26,7 +26,7 @@ type ReplayConfig struct {
 	// AggregateID, when set, replays only events of this aggregate.
 	AggregateID uuid.UUID
 	// ChunkSize is how many rows of the primary key one transaction looks
-	// at. Defaults to DefaultReplayChunk (10,000).
+	// at. At most 1000000. Defaults to DefaultReplayChunk (10,000).
 	ChunkSize int
 	// Apply replays them; otherwise Replay only counts them. Defaults to
 	// false: a dry run.
@@ -34,6 +34,34 @@ type ReplayConfig struct {
 	// Logger receives the Info line of an applied run. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+}
+
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c ReplayConfig) WithDefaults() ReplayConfig {
+	c.Tables = c.Tables.WithDefaults()
+	if c.ChunkSize == 0 {
+		c.ChunkSize = DefaultReplayChunk
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports a bad table name, id range or ChunkSize.
+func (c ReplayConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.FromID <= 0 || c.ToID <= 0:
+		return fmt.Errorf("ops: replay needs a range of ids, from %d to %d: both ends are positive ids, and both are included", c.FromID, c.ToID)
+	case c.FromID > c.ToID:
+		return fmt.Errorf("ops: replay range from %d to %d is inverted: the first id must not be above the last", c.FromID, c.ToID)
+	case c.ChunkSize < 0 || c.ChunkSize > 1_000_000:
+		return fmt.Errorf("ops: replay ChunkSize is %d; use 1 to 1000000, or 0 for the default %d", c.ChunkSize, DefaultReplayChunk)
+	}
+	return nil
 }
 
 // ReplayResult is what Replay did, or would do.
@@ -73,21 +101,11 @@ type ReplayResult struct {
 // and ctx's error; every finished chunk stays committed.
 func Replay(ctx context.Context, db outbox.DB, cfg ReplayConfig) (ReplayResult, error) {
 	res := ReplayResult{Applied: cfg.Apply}
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
-	t := cfg.Tables.WithDefaults()
-	switch {
-	case cfg.FromID <= 0 || cfg.ToID <= 0:
-		return res, fmt.Errorf("ops: replay needs a range of ids, from %d to %d: both ends are positive ids, and both are included", cfg.FromID, cfg.ToID)
-	case cfg.FromID > cfg.ToID:
-		return res, fmt.Errorf("ops: replay range from %d to %d is inverted: the first id must not be above the last", cfg.FromID, cfg.ToID)
-	case cfg.ChunkSize < 0 || cfg.ChunkSize > 1_000_000:
-		return res, fmt.Errorf("ops: replay ChunkSize is %d; use 1 to 1000000, or 0 for the default %d", cfg.ChunkSize, DefaultReplayChunk)
-	}
-	if cfg.ChunkSize == 0 {
-		cfg.ChunkSize = DefaultReplayChunk
-	}
+	t := cfg.Tables
 	var typ, agg any // NULL: any
 	if cfg.Type != "" {
 		typ = cfg.Type
@@ -95,7 +113,7 @@ func Replay(ctx context.Context, db outbox.DB, cfg ReplayConfig) (ReplayResult, 
 	if cfg.AggregateID != uuid.Nil {
 		agg = cfg.AggregateID
 	}
-	log := logger(cfg.Logger, t)
+	log := cfg.Logger.With("outbox", t.OutboxIdent())
 
 	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, render(oldestIDSQL, t)).Scan(&res.OldestID); err != nil {

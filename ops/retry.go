@@ -33,6 +33,30 @@ type RetryConfig struct {
 	Logger *slog.Logger
 }
 
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c RetryConfig) WithDefaults() RetryConfig {
+	c.Tables = c.Tables.WithDefaults()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports a bad table name, or not exactly one of EventID and
+// AggregateID.
+func (c RetryConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case (c.EventID != 0) == (c.AggregateID != uuid.Nil):
+		return errors.New("ops: retry needs either an event id or an aggregate id, not both and not neither")
+	case c.EventID < 0:
+		return fmt.Errorf("ops: event id %d: ids are positive", c.EventID)
+	}
+	return nil
+}
+
 // RetryResult is what Retry lifted, or would lift.
 type RetryResult struct {
 	// Applied is false for a dry run.
@@ -58,18 +82,13 @@ type RetryResult struct {
 // has no Holds, and says which row it waits behind, if any.
 func Retry(ctx context.Context, db outbox.DB, cfg RetryConfig) (RetryResult, error) {
 	res := RetryResult{Applied: cfg.Apply}
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
-	t := cfg.Tables.WithDefaults()
+	t := cfg.Tables
 	byEvent := cfg.EventID != 0
-	switch {
-	case byEvent == (cfg.AggregateID != uuid.Nil):
-		return res, errors.New("ops: retry needs either an event id or an aggregate id, not both and not neither")
-	case cfg.EventID < 0:
-		return res, fmt.Errorf("ops: event id %d: ids are positive", cfg.EventID)
-	}
-	log := logger(cfg.Logger, t)
+	log := cfg.Logger.With("outbox", t.OutboxIdent())
 
 	tx, err := db.Begin(ctx)
 	if err != nil {

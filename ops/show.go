@@ -26,7 +26,7 @@ type ShowConfig struct {
 	// ID is the event's id (the event_id header). Required.
 	ID int64
 	// PreviewBytes caps EventDetail.Payload; negative returns the whole
-	// payload. Defaults to DefaultPreviewBytes.
+	// payload. Defaults to DefaultPreviewBytes (500).
 	PreviewBytes int
 }
 
@@ -99,18 +99,31 @@ type ParkInfo struct {
 // operator may be moving at the same time, pass a REPEATABLE READ
 // transaction as db (the CLI does).
 func ShowEvent(ctx context.Context, db outbox.DB, cfg ShowConfig) (EventDetail, error) {
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return EventDetail{}, err
 	}
-	t := cfg.Tables.WithDefaults()
-	if cfg.ID <= 0 {
-		return EventDetail{}, fmt.Errorf("ops: event id %d: ids are positive; take it from the event_id header or `outbox watchdog`", cfg.ID)
+	return showEvent(ctx, db, cfg.Tables, cfg.ID, cfg.PreviewBytes)
+}
+
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c ShowConfig) WithDefaults() ShowConfig {
+	c.Tables = c.Tables.WithDefaults()
+	if c.PreviewBytes == 0 {
+		c.PreviewBytes = DefaultPreviewBytes
 	}
-	preview := cfg.PreviewBytes
-	if preview == 0 {
-		preview = DefaultPreviewBytes
+	return c
+}
+
+// Validate reports a bad table name or an id that no event has.
+func (c ShowConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
 	}
-	return showEvent(ctx, db, t, cfg.ID, preview)
+	if c.ID <= 0 {
+		return fmt.Errorf("ops: event id %d: ids are positive; take it from the event_id header or `outbox watchdog`", c.ID)
+	}
+	return nil
 }
 
 func showEvent(ctx context.Context, db outbox.DB, t outbox.Tables, id int64, preview int) (EventDetail, error) {

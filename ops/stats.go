@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/durations"
 )
 
 // DefaultStuckAfter is how long a row may stay pending before the watchdog
@@ -84,6 +85,25 @@ type StatsConfig struct {
 	StuckAfter time.Duration
 }
 
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c StatsConfig) WithDefaults() StatsConfig {
+	c.Tables = c.Tables.WithDefaults()
+	durations.Fill(c.durations())
+	return c
+}
+
+func (c *StatsConfig) durations() []durations.Default {
+	return []durations.Default{{Name: "StuckAfter", V: &c.StuckAfter, Def: DefaultStuckAfter}}
+}
+
+// Validate reports a bad table name or a negative StuckAfter.
+func (c StatsConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	return durations.Check("stats", c.durations())
+}
+
 // Stats is a snapshot of one outbox table, for `outbox stats`.
 type Stats struct {
 	// Source is the configuration's: it says which of the fields below
@@ -133,16 +153,11 @@ const RateWindow = 70 * time.Minute
 // ReadStats reads the snapshot. It runs a handful of short queries, none of
 // which scans the whole table.
 func ReadStats(ctx context.Context, db outbox.DB, cfg StatsConfig) (Stats, error) {
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return Stats{}, err
 	}
-	tables := cfg.Tables.WithDefaults()
-	if cfg.StuckAfter < 0 {
-		return Stats{}, fmt.Errorf("ops: stats StuckAfter is %s; use a positive duration, or 0 for the default", cfg.StuckAfter)
-	}
-	if cfg.StuckAfter == 0 {
-		cfg.StuckAfter = DefaultStuckAfter
-	}
+	tables := cfg.Tables
 	if cfg.Source.IsWAL() {
 		return readWALStats(ctx, db, tables, cfg.Source)
 	}

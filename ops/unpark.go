@@ -27,6 +27,26 @@ type UnparkConfig struct {
 	Logger *slog.Logger
 }
 
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c UnparkConfig) WithDefaults() UnparkConfig {
+	c.Tables = c.Tables.WithDefaults()
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports a bad table name or id.
+func (c UnparkConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	if c.ID <= 0 {
+		return fmt.Errorf("ops: event id %d: ids are positive", c.ID)
+	}
+	return nil
+}
+
 // UnparkResult is what Unpark did, or would do.
 type UnparkResult struct {
 	// Applied is false for a dry run.
@@ -54,14 +74,12 @@ type UnparkResult struct {
 // outbox) or ErrEventNotFound.
 func Unpark(ctx context.Context, db outbox.DB, cfg UnparkConfig) (UnparkResult, error) {
 	res := UnparkResult{Applied: cfg.Apply}
-	if err := cfg.Tables.Validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
-	t := cfg.Tables.WithDefaults()
-	if cfg.ID <= 0 {
-		return res, fmt.Errorf("ops: event id %d: ids are positive", cfg.ID)
-	}
-	log := logger(cfg.Logger, t)
+	t := cfg.Tables
+	log := cfg.Logger.With("outbox", t.OutboxIdent())
 
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 	"github.com/pgoutbox/outbox/ops"
 )
 
-// Monitor defaults, applied by New and used by `outbox relay`'s flags.
+// Monitor defaults, applied by WithDefaults (and so by New) and used by `outbox relay`'s flags.
 const (
 	DefaultRefreshInterval  = 5 * time.Second
 	DefaultWatchdogInterval = time.Minute
@@ -113,26 +113,12 @@ type Monitor struct {
 	wal     *walGauges // the WAL source's
 }
 
-// New validates cfg, applies its defaults and registers the metrics.
-func New(cfg Config) (*Monitor, error) {
-	if cfg.Pool == nil {
-		return nil, errors.New("monitor: Config.Pool is nil; pass the outbox database's *pgxpool.Pool")
-	}
-	if cfg.Source.IsWAL() && cfg.WALFigures == nil {
-		return nil, errors.New("monitor: Config.WALFigures is nil; the WAL source's counters come from its relayer (read its Stats and Lag)")
-	}
-	if err := cfg.Tables.Validate(); err != nil {
-		return nil, err
-	}
+// WithDefaults returns cfg with its zero fields set to their defaults,
+// and Watchdog's and Cleanup's Tables and Source (and Cleanup's Logger)
+// set to the Monitor's. Negative values are left for Validate to refuse.
+func (cfg Config) WithDefaults() Config {
 	cfg.Tables = cfg.Tables.WithDefaults()
-	if err := durations.Apply("monitor", []durations.Default{
-		{Name: "RefreshInterval", V: &cfg.RefreshInterval, Def: DefaultRefreshInterval},
-		{Name: "WatchdogInterval", V: &cfg.WatchdogInterval, Def: DefaultWatchdogInterval},
-		{Name: "CleanupInterval", V: &cfg.CleanupInterval, Def: DefaultCleanupInterval},
-		{Name: "CheckTimeout", V: &cfg.CheckTimeout, Def: DefaultCheckTimeout},
-	}); err != nil {
-		return nil, err
-	}
+	durations.Fill(cfg.durations())
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -140,20 +126,57 @@ func New(cfg Config) (*Monitor, error) {
 	if cfg.Watchdog.Limit == 0 {
 		cfg.Watchdog.Limit = maxStuckLogged
 	}
-	if err := cfg.Watchdog.Validate(); err != nil {
-		return nil, err
-	}
 	// Check's defaults, applied here so that the gauges use the same
 	// thresholds as the watchdog.
 	cfg.Watchdog = cfg.Watchdog.WithDefaults()
 	cfg.Cleanup.Tables, cfg.Cleanup.Source, cfg.Cleanup.Logger = cfg.Tables, cfg.Source, cfg.Logger
+	cfg.Cleanup = cfg.Cleanup.WithDefaults()
+	return cfg
+}
+
+func (cfg *Config) durations() []durations.Default {
+	return []durations.Default{
+		{Name: "RefreshInterval", V: &cfg.RefreshInterval, Def: DefaultRefreshInterval},
+		{Name: "WatchdogInterval", V: &cfg.WatchdogInterval, Def: DefaultWatchdogInterval},
+		{Name: "CleanupInterval", V: &cfg.CleanupInterval, Def: DefaultCleanupInterval},
+		{Name: "CheckTimeout", V: &cfg.CheckTimeout, Def: DefaultCheckTimeout},
+	}
+}
+
+// Validate reports the first field of cfg that a Monitor cannot run
+// with, saying what to set instead.
+func (cfg Config) Validate() error {
+	if cfg.Pool == nil {
+		return errors.New("monitor: Config.Pool is nil; pass the outbox database's *pgxpool.Pool")
+	}
+	if cfg.Source.IsWAL() && cfg.WALFigures == nil {
+		return errors.New("monitor: Config.WALFigures is nil; the WAL source's counters come from its relayer (read its Stats and Lag)")
+	}
+	if err := cfg.Tables.Validate(); err != nil {
+		return err
+	}
+	if err := durations.Check("monitor", cfg.durations()); err != nil {
+		return err
+	}
+	if err := cfg.Watchdog.Validate(); err != nil {
+		return err
+	}
 	if err := cfg.Cleanup.Validate(); err != nil {
-		return nil, err
+		return err
 	}
 	for _, c := range cfg.Checks {
 		if c.Name == "" || c.Check == nil {
-			return nil, errors.New("monitor: every readiness check needs a Name and a Check func")
+			return errors.New("monitor: every readiness check needs a Name and a Check func")
 		}
+	}
+	return nil
+}
+
+// New applies cfg's defaults, validates it and registers the metrics.
+func New(cfg Config) (*Monitor, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	m := &Monitor{cfg: cfg, log: cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())}
 	if cfg.Source.IsWAL() {

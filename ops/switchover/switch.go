@@ -208,25 +208,39 @@ type SwitchToWALResult struct {
 	Waited time.Duration
 }
 
-func (c SwitchToWALConfig) withDefaults() (SwitchToWALConfig, error) {
-	if err := c.Tables.Validate(); err != nil {
-		return c, err
-	}
+// WithDefaults returns c with its zero fields set to their defaults,
+// Slot and Publication excepted: their defaults depend on the database
+// (walrelay.Names), so PrepareSwitchToWAL fills them. Negative values are
+// left for Validate to refuse.
+func (c SwitchToWALConfig) WithDefaults() SwitchToWALConfig {
 	c.Tables = c.Tables.WithDefaults()
-	if err := durations.Apply("SwitchToWALConfig", []durations.Default{
-		{Name: "Timeout", V: &c.Timeout, Def: DefaultSwitchToWALTimeout},
-		{Name: "PollInterval", V: &c.PollInterval, Def: DefaultSwitchPollInterval},
-		{Name: "ProgressInterval", V: &c.ProgressInterval, Def: DefaultSwitchProgressInterval},
-	}); err != nil {
-		return c, err
-	}
-	if c.HeldLimit < 0 {
-		return c, fmt.Errorf("ops: SwitchToWALConfig HeldLimit is %d; use a positive number, or 0 for the default", c.HeldLimit)
-	}
+	durations.Fill(c.durations())
 	if c.HeldLimit == 0 {
 		c.HeldLimit = DefaultHeldLimit
 	}
-	return c, nil
+	return c
+}
+
+func (c *SwitchToWALConfig) durations() []durations.Default {
+	return []durations.Default{
+		{Name: "Timeout", V: &c.Timeout, Def: DefaultSwitchToWALTimeout},
+		{Name: "PollInterval", V: &c.PollInterval, Def: DefaultSwitchPollInterval},
+		{Name: "ProgressInterval", V: &c.ProgressInterval, Def: DefaultSwitchProgressInterval},
+	}
+}
+
+// Validate reports a bad table name, a negative duration or HeldLimit.
+func (c SwitchToWALConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	if err := durations.Check("SwitchToWALConfig", c.durations()); err != nil {
+		return err
+	}
+	if c.HeldLimit < 0 {
+		return fmt.Errorf("ops: SwitchToWALConfig HeldLimit is %d; use a positive number, or 0 for the default %d", c.HeldLimit, DefaultHeldLimit)
+	}
+	return nil
 }
 
 // PrepareSwitchToWAL does the database's part of moving an outbox from
@@ -248,10 +262,11 @@ func (c SwitchToWALConfig) withDefaults() (SwitchToWALConfig, error) {
 // relayer reads it, the slot keeps WAL on the server's disk.
 func PrepareSwitchToWAL(ctx context.Context, pool *pgxpool.Pool, cfg SwitchToWALConfig) (SwitchToWALResult, error) {
 	var res SwitchToWALResult
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
+	var err error
 	if cfg.Slot, cfg.Publication, _, err = walrelay.Names(ctx, pool, cfg.Tables, cfg.Slot, cfg.Publication); err != nil {
 		return res, err
 	}
@@ -434,18 +449,31 @@ type SwitchToPollResult struct {
 	Attempts             int
 }
 
-func (c SwitchToPollConfig) withDefaults() (SwitchToPollConfig, error) {
-	if err := c.Tables.Validate(); err != nil {
-		return c, err
-	}
+// WithDefaults returns c with its zero fields set to their defaults,
+// Slot excepted: its default depends on the database (walrelay.Names), so
+// PrepareSwitchToPoll fills it. Negative values are left for Validate to
+// refuse.
+func (c SwitchToPollConfig) WithDefaults() SwitchToPollConfig {
 	c.Tables = c.Tables.WithDefaults()
-	err := durations.Apply("SwitchToPollConfig", []durations.Default{
+	durations.Fill(c.durations())
+	return c
+}
+
+func (c *SwitchToPollConfig) durations() []durations.Default {
+	return []durations.Default{
 		{Name: "Timeout", V: &c.Timeout, Def: DefaultSwitchToPollTimeout},
 		{Name: "ReaderGrace", V: &c.ReaderGrace, Def: DefaultReaderGrace},
 		{Name: "PollInterval", V: &c.PollInterval, Def: DefaultSwitchPollInterval},
 		{Name: "ProgressInterval", V: &c.ProgressInterval, Def: DefaultSwitchProgressInterval},
-	})
-	return c, err
+	}
+}
+
+// Validate reports a bad table name or a negative duration.
+func (c SwitchToPollConfig) Validate() error {
+	if err := c.Tables.Validate(); err != nil {
+		return err
+	}
+	return durations.Check("SwitchToPollConfig", c.durations())
 }
 
 // maxMarkAttempts bounds the marking transactions PrepareSwitchToPoll
@@ -481,10 +509,11 @@ const maxMarkAttempts = 5
 // insert+delete or logical messages have no row for a poller to read.
 func PrepareSwitchToPoll(ctx context.Context, pool *pgxpool.Pool, cfg SwitchToPollConfig) (SwitchToPollResult, error) {
 	res := SwitchToPollResult{Slot: cfg.Slot}
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return res, err
 	}
+	var err error
 	if pool.Config().MaxConns < 2 {
 		// The transaction holds one connection while the slot is read on
 		// another.

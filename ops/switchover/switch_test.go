@@ -432,10 +432,43 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 	})
 }
 
-// Config values that cannot mean anything are refused before any work.
-func TestSwitchConfigsRefuseNegatives(t *testing.T) {
+// WithDefaults fills each named default; config values that cannot mean
+// anything are refused, by Validate and before any work.
+func TestSwitchConfigsWithDefaultsAndValidate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
+	w := switchover.SwitchToWALConfig{}.WithDefaults()
+	require.Equal(t, outbox.Tables{}.WithDefaults(), w.Tables)
+	require.Equal(t, switchover.DefaultSwitchToWALTimeout, w.Timeout)
+	require.Equal(t, switchover.DefaultSwitchPollInterval, w.PollInterval)
+	require.Equal(t, switchover.DefaultSwitchProgressInterval, w.ProgressInterval)
+	require.Equal(t, switchover.DefaultHeldLimit, w.HeldLimit)
+	require.Empty(t, w.Slot, "the slot's default is read from the database")
+	require.NoError(t, w.Validate())
+	p := switchover.SwitchToPollConfig{}.WithDefaults()
+	require.Equal(t, outbox.Tables{}.WithDefaults(), p.Tables)
+	require.Equal(t, switchover.DefaultSwitchToPollTimeout, p.Timeout)
+	require.Equal(t, switchover.DefaultReaderGrace, p.ReaderGrace)
+	require.Equal(t, switchover.DefaultSwitchPollInterval, p.PollInterval)
+	require.Equal(t, switchover.DefaultSwitchProgressInterval, p.ProgressInterval)
+	require.NoError(t, p.Validate())
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{switchover.SwitchToWALConfig{Tables: outbox.Tables{Outbox: "Bad-Name"}}.Validate(), "not a plain identifier"},
+		{switchover.SwitchToWALConfig{Timeout: -time.Second}.Validate(), "ops: SwitchToWALConfig Timeout is -1s; use a positive duration, or 0 for the default 5m0s"},
+		{switchover.SwitchToWALConfig{PollInterval: -time.Second}.Validate(), "ops: SwitchToWALConfig PollInterval is -1s"},
+		{switchover.SwitchToWALConfig{ProgressInterval: -time.Second}.Validate(), "ops: SwitchToWALConfig ProgressInterval is -1s"},
+		{switchover.SwitchToWALConfig{HeldLimit: -1}.Validate(), "ops: SwitchToWALConfig HeldLimit is -1; use a positive number, or 0 for the default 10"},
+		{switchover.SwitchToPollConfig{Tables: outbox.Tables{Outbox: "Bad-Name"}}.Validate(), "not a plain identifier"},
+		{switchover.SwitchToPollConfig{Timeout: -time.Second}.Validate(), "ops: SwitchToPollConfig Timeout is -1s; use a positive duration, or 0 for the default 2m0s"},
+		{switchover.SwitchToPollConfig{ReaderGrace: -time.Second}.Validate(), "ops: SwitchToPollConfig ReaderGrace is -1s"},
+		{switchover.SwitchToPollConfig{PollInterval: -time.Second}.Validate(), "ops: SwitchToPollConfig PollInterval is -1s"},
+		{switchover.SwitchToPollConfig{ProgressInterval: -time.Second}.Validate(), "ops: SwitchToPollConfig ProgressInterval is -1s"},
+	} {
+		require.ErrorContains(t, tc.err, tc.want)
+	}
 	_, err := switchover.PrepareSwitchToWAL(ctx, nil, switchover.SwitchToWALConfig{Timeout: -time.Second})
 	require.ErrorContains(t, err, "SwitchToWALConfig Timeout is -1s")
 	_, err = switchover.PrepareSwitchToWAL(ctx, nil, switchover.SwitchToWALConfig{HeldLimit: -1})

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
 )
@@ -70,8 +71,11 @@ type Publisher struct {
 // NewPublisher wraps client. On a client from NewPublisherClient, produce
 // batches are sized per topic by the limits the Publisher learns; on
 // another, by that client's ProducerBatchMaxBytes, and requests the broker
-// refuses as too large are split as described above.
+// refuses as too large are split as described above. It applies cfg's
+// defaults; it does not refuse a config (a negative MaxMessageBytes counts
+// as 0): call cfg.Validate first to have a bad one named.
 func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
+	cfg = cfg.WithDefaults()
 	lim, ok := limitsOf(client)
 	if !ok {
 		lim = newTopicLimits()
@@ -80,11 +84,27 @@ func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
 	lim.mu.Lock()
 	lim.override = max(cfg.MaxMessageBytes, 0)
 	lim.mu.Unlock()
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
+	return &Publisher{client: client, source: cfg.Source, limits: lim, log: cfg.Logger}
+}
+
+// WithDefaults returns cfg with its zero fields set to their defaults.
+func (cfg PublisherConfig) WithDefaults() PublisherConfig {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
-	return &Publisher{client: client, source: cfg.Source, limits: lim, log: log}
+	return cfg
+}
+
+// Validate reports the first field of cfg that a Publisher cannot use as
+// documented, saying what to set instead.
+func (cfg PublisherConfig) Validate() error {
+	if len(cfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(cfg.Source) != "" {
+		return fmt.Errorf("kafkapub: Source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
+	}
+	if cfg.MaxMessageBytes < 0 {
+		return fmt.Errorf("kafkapub: MaxMessageBytes is %d; use a positive size in bytes, or 0 to ask the broker", cfg.MaxMessageBytes)
+	}
+	return nil
 }
 
 // NewPublisherClient builds a franz-go client for publishing from cfg:
