@@ -9,6 +9,4 @@ import (
 // bundle is opstest.Bundle, with this package's own helpers.
 type bundle struct{ *opstest.Bundle }
 
-func setup(t *testing.T) *bundle { return &bundle{opstest.Setup(t)} }
-
 func TestMain(m *testing.M) { opstest.Main(m) }
