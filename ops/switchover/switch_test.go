@@ -356,23 +356,9 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 	t.Run("relayer starting", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
-		_, err := switchover.SetupWAL(ctx, b.DB.Pool, b.DB.Tables, "", "")
-		require.NoError(t, err)
-		cfg, err := pgconn.ParseConfig(b.DB.URL)
-		require.NoError(t, err)
-		cfg.RuntimeParams["replication"] = "database"
-		cfg.RuntimeParams["application_name"] = "outbox-wal leader"
-		conn, err := pgconn.ConnectConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
-			PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}))
-		require.Eventually(t, func() bool {
-			s, _, err := ops.ReadWALSlot(ctx, b.DB.Pool, slot)
-			return err == nil && s.Active
-		}, 10*time.Second, 20*time.Millisecond)
+		readSlotAs(t, b, slot, "outbox-wal leader")
 		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
-		_, err = switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, Timeout: time.Second})
+		_, err := switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables, Timeout: time.Second})
 		require.ErrorIs(t, err, switchover.ErrSwitchTimeout, "waited for the starting relayer until the deadline")
 		require.Zero(t, b.Count(t, "dispatched_at IS NOT NULL"))
 		_, err = switchover.PrepareSwitchToWAL(ctx, b.DB.Pool, switchover.SwitchToWALConfig{Tables: b.DB.Tables})
@@ -383,23 +369,9 @@ func TestPrepareSwitchToPollRefuses(t *testing.T) {
 	t.Run("foreign reader", func(t *testing.T) {
 		t.Parallel()
 		b, slot := switchSetup(t)
-		_, err := switchover.SetupWAL(ctx, b.DB.Pool, b.DB.Tables, "", "")
-		require.NoError(t, err)
-		cfg, err := pgconn.ParseConfig(b.DB.URL)
-		require.NoError(t, err)
-		cfg.RuntimeParams["replication"] = "database"
-		cfg.RuntimeParams["application_name"] = "pg_recvlogical"
-		conn, err := pgconn.ConnectConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
-			PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}))
-		require.Eventually(t, func() bool {
-			s, _, err := ops.ReadWALSlot(ctx, b.DB.Pool, slot)
-			return err == nil && s.Active
-		}, 10*time.Second, 20*time.Millisecond)
+		readSlotAs(t, b, slot, "pg_recvlogical")
 		b.Emit(t, uuid.New(), "order.placed", map[string]int{"n": 1})
-		_, err = switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables})
+		_, err := switchover.PrepareSwitchToPoll(ctx, b.DB.Pool, switchover.SwitchToPollConfig{Tables: b.DB.Tables})
 		require.ErrorIs(t, err, switchover.ErrSlotNotStreamed)
 		require.Contains(t, err.Error(), `"pg_recvlogical"`)
 		require.Contains(t, err.Error(), "not by a WAL relayer")
@@ -482,4 +454,27 @@ func TestSwitchConfigsWithDefaultsAndValidate(t *testing.T) {
 	defer one.Close()
 	_, err = switchover.PrepareSwitchToPoll(ctx, one, switchover.SwitchToPollConfig{})
 	require.ErrorContains(t, err, "needs a pool of at least 2 connections; this one has MaxConns 1")
+}
+
+// readSlotAs sets the outbox's WAL source up and reads its slot over a
+// replication connection named app (the application_name the switch
+// judges a reader by), until the test ends.
+func readSlotAs(t *testing.T, b *bundle, slot, app string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := switchover.SetupWAL(ctx, b.DB.Pool, b.DB.Tables, "", "")
+	require.NoError(t, err)
+	cfg, err := pgconn.ParseConfig(b.DB.URL)
+	require.NoError(t, err)
+	cfg.RuntimeParams["replication"] = "database"
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	require.NoError(t, pglogrepl.StartReplication(ctx, conn, slot, 0, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + slot + "'"}}))
+	require.Eventually(t, func() bool {
+		s, _, err := ops.ReadWALSlot(ctx, b.DB.Pool, slot)
+		return err == nil && s.Active
+	}, 10*time.Second, 20*time.Millisecond)
 }
