@@ -53,6 +53,11 @@ func (o *Observer) Publish(ctx context.Context, msgs []Message) ([]error, error)
 	return errs, nil
 }
 
+// Watched reports whether any BatchHook listens: a source may skip the
+// per-event parts of a BatchResult (Latencies, DispatchedByTopic) when
+// none does.
+func (o *Observer) Watched() bool { return len(o.hooks.batch) > 0 }
+
 // Batch reports a settled batch to every BatchHook.
 func (o *Observer) Batch(res BatchResult) {
 	for _, b := range o.hooks.batch {

@@ -38,6 +38,7 @@ func (r *Relayer) publish(ctx context.Context, send []relay.Message) []error {
 // the parked are the BatchResult's Holds (Until zero: parked, not held).
 func (r *Relayer) observe(start time.Time, n int, send []relay.Message, errs []error, park, notParked []item) {
 	ackedAt := time.Now()
+	watched := r.obs.Watched()
 	res := relay.BatchResult{Locked: n, Claimed: n}
 	parked, retried := ids(park), ids(notParked)
 	var sent map[int64]bool
@@ -50,6 +51,9 @@ func (r *Relayer) observe(start time.Time, n int, send []relay.Message, errs []e
 		}
 		if errs[j] == nil {
 			res.Dispatched++
+			if !watched {
+				continue // no hook reads the per-event parts
+			}
 			if res.DispatchedByTopic == nil {
 				res.DispatchedByTopic = map[string]int{}
 			}
