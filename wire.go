@@ -15,6 +15,11 @@ const (
 	// relayer is given a source. event_id is unique only within one outbox;
 	// consumers make (source, event_id) their dedupe key.
 	HeaderEventSource = "event_source"
+	// HeaderAggregateID is the event's aggregate id, in its text form, on
+	// sinks whose messages have no key (NATS, RabbitMQ, Redis Streams,
+	// webhooks); Kafka carries it as the record key. Those sinks hold an
+	// event whose own headers use this name (relay.ReasonReservedHeader).
+	HeaderAggregateID = "aggregate_id"
 )
 
 // ContentTypeJSON is the value of the content-type header.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtext"
@@ -24,6 +25,9 @@ type relayOptions struct {
 	cfg     relay.Config // --mode poll's own flags
 	pcfg    kafkapub.PublisherConfig
 	deliver time.Duration
+	// sinkURL is --sink: where to publish, when not Kafka on --brokers
+	// (sink.go).
+	sinkURL string
 	ops     relayOps // metrics, health, watchdog, cleanup: relayops.go
 	// --mode wal: walrelay.go
 	mode string
@@ -64,7 +68,7 @@ Replicas elect one reader; the others take over within
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			o.cleanupBatchFlag = flagAsGiven(c.Flags(), "cleanup-batch-size", "cleanup-batch")
-			return runRelay(c.Context(), g, &o)
+			return runRelay(c.Context(), g, &o, c.Flags())
 		},
 	}
 	f := cmd.Flags()
@@ -88,13 +92,14 @@ Replicas elect one reader; the others take over within
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
+	f.StringVar(&o.sinkURL, "sink", "", "where to publish: a URL whose scheme picks the sink ("+schemeList()+"), e.g. kafka://host:9092; default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
 	o.wal.register(f)
 	return cmd
 }
 
 // runRelay runs `outbox relay` with the flags in o until ctx is cancelled.
-func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
+func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet) error {
 	log, err := g.logger()
 	if err != nil {
 		return err
@@ -120,28 +125,24 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions) error {
 			return err
 		}
 	}
-	kcfg, err := o.kf.brokersConfig(log)
-	if err != nil {
-		return err
-	}
 	if err := o.checkSink(); err != nil {
 		return err
 	}
-	sink, client, err := kafkaSink(kcfg, o.pcfg, o.deliver, log)
+	sink, err := o.openSink(ctx, f, log)
 	if err != nil {
 		return err
 	}
-	defer client.Close()
+	defer sink.close()
 	pool, err := g.connect(ctx, 4)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := pingKafka(ctx, client, kcfg.Brokers); err != nil {
+	if err := sink.ping(ctx); err != nil {
 		return err
 	}
 	common := o.common
-	common.Pool, common.Sink, common.Tables, common.Logger = pool, sink, t, log
+	common.Pool, common.Sink, common.Tables, common.Logger = pool, sink.sink, t, log
 	if o.mode == "wal" {
 		return runWALRelay(ctx, o, common)
 	}
