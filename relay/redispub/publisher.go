@@ -186,6 +186,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		}
 		send = append(send, i)
 	}
+	// The messages refused above hold back only those after them, which
+	// are not in send; a run that fails holds back its aggregate's later
+	// runs.
+	failed = map[uuid.UUID]bool{}
 	for _, round := range rounds(msgs, send) {
 		live := round[:0:0]
 		for _, r := range round {
