@@ -46,7 +46,9 @@ type sinkOpener func(ctx context.Context, u *url.URL, env sinkEnv) (openedSink, 
 // sinkSchemes maps a --sink URL's scheme to its opener. Kafka is reached
 // through --brokers (and the kafka scheme, for symmetry).
 var sinkSchemes = map[string]sinkOpener{
-	"kafka": openKafkaURL,
+	"kafka":  openKafkaURL,
+	"redis":  openRedisURL,
+	"rediss": openRedisURL,
 }
 
 // parseSinkURL parses --sink's value and finds its opener.
