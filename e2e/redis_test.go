@@ -155,7 +155,7 @@ func TestRedisServerKilledMidDrain(t *testing.T) {
 	rs := startRedis(t)
 	done := make(chan map[uuid.UUID][]int64, 1)
 	go func() { done <- writers(t, context.Background(), db, 20_000, 300, 4, 50, 4*time.Second) }()
-	p := start(t, redisRelayArgs(db, rs.url(""), "--backoff-max", "1s")...)
+	p := start(t, redisRelayArgs(db, rs.url(""))...)
 	require.Eventually(t, func() bool { return rs.client().XLen(context.Background(), "order").Val() > 2000 },
 		60*time.Second, 20*time.Millisecond, "the relay never published; output:\n%s", p.out.String())
 	rs.kill()
