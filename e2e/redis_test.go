@@ -209,9 +209,9 @@ func TestRedisPoisonHeldOnItsRow(t *testing.T) {
 	require.NoError(t, rs.client().Set(ctx, "taken", "a string", 0).Err())
 	want := map[int64]string{
 		db.InsertLegacy(t, uuid.New(), "order.big", `jsonb_build_object('pad', repeat('x', 3000))`, `'{}'`): "too_large",
-		db.InsertLegacy(t, uuid.New(), "bad stream.x", `'{}'`, `'{}'`):                                    "invalid_topic",
-		db.InsertLegacy(t, uuid.New(), "taken.x", `'{}'`, `'{}'`):                                         "invalid_topic",
-		db.InsertLegacy(t, uuid.New(), "order.spoof", `'{}'`, `'{"aggregate_id": "x"}'`):                  "reserved_header",
+		db.InsertLegacy(t, uuid.New(), "bad stream.x", `'{}'`, `'{}'`):                                      "invalid_topic",
+		db.InsertLegacy(t, uuid.New(), "taken.x", `'{}'`, `'{}'`):                                           "invalid_topic",
+		db.InsertLegacy(t, uuid.New(), "order.spoof", `'{}'`, `'{"aggregate_id": "x"}'`):                    "reserved_header",
 	}
 	var good []int64
 	for range 20 {
