@@ -131,7 +131,9 @@ func TestConsumesOnceAndDeadLetters(t *testing.T) {
 	msgs = append(msgs, relay.Message{ID: 999, AggregateID: uuid.New(), Type: "order.unknown", Payload: []byte(`{}`)})
 	b.publish(t, msgs)
 	stop := run(t, b.consumer(t, "c1", nil))
-	require.Eventually(t, func() bool { return len(b.effects(t)) == 200 && b.client.XLen(context.Background(), b.stream+":dlq").Val() == 1 },
+	require.Eventually(t, func() bool {
+		return len(b.effects(t)) == 200 && b.client.XLen(context.Background(), b.stream+":dlq").Val() == 1
+	},
 		60*time.Second, 50*time.Millisecond)
 	require.Eventually(t, func() bool {
 		p, err := b.client.XPending(context.Background(), b.stream, "billing").Result()
