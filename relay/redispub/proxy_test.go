@@ -152,8 +152,8 @@ func writeCommand(w *bufio.Writer, args []string) {
 }
 
 // publishCall is an EVALSHA of the publish script, as the publisher
-// sends it: EVALSHA sha 1 stream maxlen, then per entry its argument
-// count and its fields and values.
+// sends it: EVALSHA sha 1 stream maxlen, then per run its entry count,
+// and per entry its argument count and its fields and values.
 type publishCall struct {
 	args   []string
 	stream string
@@ -171,16 +171,33 @@ func asPublishCall(args []string) (publishCall, bool) {
 func (c publishCall) entryAt(id int64) int {
 	want := strconv.FormatInt(id, 10)
 	for i := 5; i < len(c.args); {
-		n, err := strconv.Atoi(c.args[i])
+		entries, err := strconv.Atoi(c.args[i])
 		if err != nil {
 			return -1
 		}
-		for j := i + 1; j+1 <= i+n && j+1 < len(c.args); j += 2 {
-			if c.args[j] == "event_id" && c.args[j+1] == want {
-				return i
+		i++
+		for range entries {
+			n, err := strconv.Atoi(c.args[i])
+			if err != nil {
+				return -1
 			}
+			for j := i + 1; j+1 <= i+n && j+1 < len(c.args); j += 2 {
+				if c.args[j] == "event_id" && c.args[j+1] == want {
+					return i
+				}
+			}
+			i += n + 1
 		}
-		i += n + 1
 	}
 	return -1
+}
+
+// withExtraArg returns the call with one argument more in the entry whose
+// argument count is at at: an odd number of fields and values, which
+// Redis's XADD refuses (wrong number of arguments).
+func (c publishCall) withExtraArg(at int) []string {
+	n, _ := strconv.Atoi(c.args[at])
+	out := append([]string{}, c.args[:at]...)
+	out = append(out, strconv.Itoa(n+1), "extra")
+	return append(out, c.args[at+1:]...)
 }

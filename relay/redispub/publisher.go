@@ -97,12 +97,13 @@ func (cfg Config) Validate() error {
 // row's own, named routing.RedisHeaderPrefix followed by the header's name
 // (sorted by name), and payload, last.
 //
-// A batch goes in one pipeline: one script call per run of an aggregate's
-// consecutive messages to one stream, which adds them in order and stops
-// at the first entry Redis refuses, so nothing of an aggregate lands
-// behind a failed entry of it. An aggregate whose messages go to several
+// A batch goes in one pipeline of script calls (EVALSHA), each adding
+// runs of entries to one stream (a run: an aggregate's consecutive
+// messages to that stream). A run stops at the first entry Redis refuses,
+// so nothing of an aggregate lands behind a failed entry of it, while the
+// other runs of the call go on. An aggregate whose messages go to several
 // streams has its later runs sent in a later round trip, once its earlier
-// ones are settled. Each script touches one key.
+// ones are settled. Each script call touches one key.
 type Publisher struct {
 	client *redis.Client
 	cfg    Config
@@ -119,27 +120,36 @@ func New(client *redis.Client, cfg Config) (*Publisher, error) {
 	return &Publisher{client: client, cfg: cfg, script: redis.NewScript(addScript)}, nil
 }
 
-// addScript adds entries to one stream in order. KEYS[1] is the stream;
-// ARGV[1] the MAXLEN to trim to (~), or "" for none; then, per entry, its
-// argument count n and n arguments (field, value, ...). It stops at the
-// first entry Redis refuses and returns the ids it added and that refusal
-// ("" when none): the entries after it were not added.
-const addScript = `local ids = {}
+// addScript adds runs of entries to one stream. KEYS[1] is the stream;
+// ARGV[1] the MAXLEN to trim to (~), or "" for none; then, per run, its
+// entry count, and per entry its argument count n and n arguments (field,
+// value, ...). A run stops at its first entry Redis refuses: the entries
+// after it are not added, the other runs go on. It returns, per run, how
+// many entries it added and the refusal ("" when none).
+const addScript = `local out = {}
 local i = 2
 while i <= #ARGV do
-  local n = tonumber(ARGV[i])
-  local args = {'XADD', KEYS[1]}
-  if ARGV[1] ~= '' then
-    args[3] = 'MAXLEN'; args[4] = '~'; args[5] = ARGV[1]
+  local entries = tonumber(ARGV[i])
+  i = i + 1
+  local added, refusal = 0, ''
+  for _ = 1, entries do
+    local n = tonumber(ARGV[i])
+    if refusal == '' then
+      local args = {'XADD', KEYS[1]}
+      if ARGV[1] ~= '' then
+        args[3] = 'MAXLEN'; args[4] = '~'; args[5] = ARGV[1]
+      end
+      args[#args + 1] = '*'
+      for j = i + 1, i + n do args[#args + 1] = ARGV[j] end
+      local r = redis.pcall(unpack(args))
+      if type(r) == 'table' and r.err then refusal = r.err else added = added + 1 end
+    end
+    i = i + n + 1
   end
-  args[#args + 1] = '*'
-  for j = i + 1, i + n do args[#args + 1] = ARGV[j] end
-  i = i + n + 1
-  local r = redis.pcall(unpack(args))
-  if type(r) == 'table' and r.err then return {ids, r.err} end
-  ids[#ids + 1] = r
+  out[#out + 1] = added
+  out[#out + 1] = refusal
 end
-return {ids, ''}`
+return out`
 
 // MessagingSystem names Redis in the relayer's publish spans (see
 // relay.MessagingSystem).
@@ -262,15 +272,47 @@ func rounds(msgs []relay.Message, idx []int) [][]*run {
 	return out
 }
 
-// args returns the script's arguments for r's messages.
-func (p *Publisher) args(msgs []relay.Message, r *run) []any {
+// callEntries is about how many entries one script call adds: enough to
+// spread a call's cost, few enough that Redis, which runs one script at a
+// time, is not held for long. A run is never split across calls.
+const callEntries = 500
+
+// call is one script call: runs of one stream.
+type call struct {
+	topic string
+	runs  []*run
+}
+
+// calls packs runs into script calls, per stream, in order.
+func calls(runs []*run) []*call {
+	open := map[string]*call{}
+	size := map[*call]int{}
+	var out []*call
+	for _, r := range runs {
+		c := open[r.topic]
+		if c == nil || size[c] >= callEntries {
+			c = &call{topic: r.topic}
+			open[r.topic] = c
+			out = append(out, c)
+		}
+		c.runs = append(c.runs, r)
+		size[c] += len(r.idx)
+	}
+	return out
+}
+
+// args returns the script's arguments for c.
+func (p *Publisher) args(msgs []relay.Message, c *call) []any {
 	maxLen := ""
 	if p.cfg.MaxLen > 0 {
 		maxLen = strconv.FormatInt(p.cfg.MaxLen, 10)
 	}
 	args := []any{maxLen}
-	for _, i := range r.idx {
-		args = append(args, entryFields(&msgs[i], p.cfg.Source)...)
+	for _, r := range c.runs {
+		args = append(args, len(r.idx))
+		for _, i := range r.idx {
+			args = append(args, entryFields(&msgs[i], p.cfg.Source)...)
+		}
 	}
 	return args
 }
@@ -299,47 +341,49 @@ func entryFields(m *relay.Message, source string) []any {
 	return f
 }
 
-// sendRound sends one script call per run in one pipeline, with WAIT last
+// sendRound sends the runs' script calls in one pipeline, with WAIT last
 // when Config.Wait asks for replicas, and sets the runs' results in errs.
-// A run whose script the server had lost (NOSCRIPT: it restarted) ran
+// A call whose script the server had lost (NOSCRIPT: it restarted) ran
 // nothing; it is sent again once, with the script loaded.
 func (p *Publisher) sendRound(ctx context.Context, msgs []relay.Message, runs []*run, errs []error) {
 	if len(runs) == 0 {
 		return
 	}
-	cmds, wait := p.pipeline(ctx, msgs, runs)
-	var again []*run
-	for k, r := range runs {
+	cs := calls(runs)
+	cmds, wait := p.pipeline(ctx, msgs, cs)
+	var again []*call
+	for k, c := range cs {
 		if redis.HasErrorPrefix(cmds[k].Err(), "NOSCRIPT") {
-			again = append(again, r)
+			again = append(again, c)
 			continue
 		}
-		settle(cmds[k], r, errs)
+		settle(cmds[k], c, errs)
 	}
 	if len(again) > 0 {
 		if err := p.script.Load(ctx, p.client).Err(); err != nil {
-			for _, r := range again {
-				failRun(r, errs, retriable("loading the publish script", err))
+			for _, c := range again {
+				for _, r := range c.runs {
+					failRun(r, errs, retriable("loading the publish script", err))
+				}
 			}
-			again = nil
 		} else {
 			var wait2 *redis.Cmd
 			cmds, wait2 = p.pipeline(ctx, msgs, again)
-			for k, r := range again {
-				settle(cmds[k], r, errs)
+			for k, c := range again {
+				settle(cmds[k], c, errs)
 			}
-			p.checkWait(wait2, again, errs)
+			p.checkWait(wait2, runs, errs)
 		}
 	}
 	p.checkWait(wait, runs, errs)
 }
 
-// pipeline sends the runs' script calls (and WAIT) in one round trip.
-func (p *Publisher) pipeline(ctx context.Context, msgs []relay.Message, runs []*run) ([]*redis.Cmd, *redis.Cmd) {
+// pipeline sends the script calls (and WAIT) in one round trip.
+func (p *Publisher) pipeline(ctx context.Context, msgs []relay.Message, cs []*call) ([]*redis.Cmd, *redis.Cmd) {
 	pipe := p.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(runs))
-	for k, r := range runs {
-		cmds[k] = p.script.EvalSha(ctx, pipe, []string{r.topic}, p.args(msgs, r)...)
+	cmds := make([]*redis.Cmd, len(cs))
+	for k, c := range cs {
+		cmds[k] = p.script.EvalSha(ctx, pipe, []string{c.topic}, p.args(msgs, c)...)
 	}
 	var wait *redis.Cmd
 	if p.cfg.Wait > 0 {
@@ -372,29 +416,36 @@ func (p *Publisher) checkWait(wait *redis.Cmd, runs []*run, errs []error) {
 	}
 }
 
-// settle sets the errors of r's messages from its script call: the
-// entries the script added are acknowledged, the one Redis refused gets
-// the refusal, and the ones after it were not sent.
-func settle(cmd *redis.Cmd, r *run, errs []error) {
+// settle sets the errors of c's messages from its script call: per run,
+// the entries the script added are acknowledged, the one Redis refused
+// gets the refusal, and the ones after it were not sent.
+func settle(cmd *redis.Cmd, c *call, errs []error) {
 	v, err := cmd.Slice()
+	if err == nil && len(v) != 2*len(c.runs) {
+		err = retriable("reading the publish script's reply", fmt.Errorf("%d values for %d runs", len(v), len(c.runs)))
+	}
 	if err != nil {
-		failRun(r, errs, commandError(err))
+		for _, r := range c.runs {
+			failRun(r, errs, commandError(err))
+		}
 		return
 	}
-	ids, ok1 := v[0].([]any)
-	refusal, ok2 := v[1].(string)
-	if len(v) != 2 || !ok1 || !ok2 || len(ids) > len(r.idx) || (refusal == "" && len(ids) != len(r.idx)) {
-		failRun(r, errs, retriable("reading the publish script's reply", fmt.Errorf("unexpected reply %v", v)))
-		return
-	}
-	for k, i := range r.idx {
-		switch {
-		case k < len(ids):
-			errs[i] = nil
-		case k == len(ids):
-			errs[i] = entryError(refusal, r.topic)
-		default:
-			errs[i] = errNotSent
+	for k, r := range c.runs {
+		added, ok1 := v[2*k].(int64)
+		refusal, ok2 := v[2*k+1].(string)
+		if !ok1 || !ok2 || added > int64(len(r.idx)) || (refusal == "" && added != int64(len(r.idx))) {
+			failRun(r, errs, retriable("reading the publish script's reply", fmt.Errorf("unexpected reply %v", v[2*k:2*k+2])))
+			continue
+		}
+		for j, i := range r.idx {
+			switch {
+			case int64(j) < added:
+				errs[i] = nil
+			case int64(j) == added:
+				errs[i] = entryError(refusal, r.topic)
+			default:
+				errs[i] = errNotSent
+			}
 		}
 	}
 }

@@ -52,9 +52,9 @@ func serverClient(t *testing.T) *redis.Client {
 //     lost its primary answers every write with);
 //   - FailMessage: the proxy cuts the connection when the call carrying
 //     the message reaches it, as a network failure mid-pipeline does;
-//   - RefuseMessage: the proxy drops one argument of that entry, so that
+//   - RefuseMessage: the proxy adds one argument to that entry, so that
 //     the server refuses its XADD (ERR wrong number of arguments) while it
-//     adds the entries before it;
+//     adds the other entries of the call;
 //   - RefuseDestination: the key is made a string, so the server answers
 //     WRONGTYPE, with no proxy involved.
 func TestSinkConformance(t *testing.T) {
@@ -108,8 +108,7 @@ func redisSink(t *testing.T) *sinktest.Sink {
 					return args, false
 				}
 				if at := c.entryAt(id); at >= 0 {
-					n, _ := strconv.Atoi(args[at])
-					args[at] = strconv.Itoa(n - 1)
+					return c.withExtraArg(at), false
 				}
 				return args, false
 			})
