@@ -90,15 +90,21 @@ func runRedis(ctx context.Context, s *session) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
+	null, err := drainNull(ctx, s, e, n)
+	if err != nil {
+		return nil, fmt.Errorf("relay, no broker: %w", err)
+	}
 	t := Table{Title: fmt.Sprintf("publish %s events to a Redis stream", thousands(n)), Columns: []string{"publisher", "events/s", "seconds"}}
 	t.Rows = append(t.Rows,
 		[]string{"go-redis alone, pipelined XADD", rate(bare.rate()), fmt.Sprintf("%.2f", bare.elapsed.Seconds())},
-		[]string{"outbox relay -> Redis (Postgres claim, publish, mark)", rate(drain.rate()), fmt.Sprintf("%.2f", drain.elapsed.Seconds())})
+		[]string{"outbox relay -> Redis (Postgres claim, publish, mark)", rate(drain.rate()), fmt.Sprintf("%.2f", drain.elapsed.Seconds())},
+		[]string{"outbox relay, publisher that acks at once (the Postgres side alone)", rate(null.rate()), fmt.Sprintf("%.2f", null.elapsed.Seconds())})
 	res.Tables = append(res.Tables, t)
 	ratio := drain.rate() / bare.rate()
 	res.metric("redis.go_redis.events_per_s", bare.rate())
 	res.metric("redis.relay.events_per_s", drain.rate())
 	res.metric("redis.ratio_go_redis", ratio)
+	res.metric("redis.relay_null.events_per_s", null.rate())
 	res.target("redis relay vs go-redis", ">= 0.6x go-redis publishing the same entries", fmt.Sprintf("%.2fx (%s vs %s events/s)", ratio, rate(drain.rate()), rate(bare.rate())), ratio >= 0.6)
 	return res, redisLatency(ctx, s, e, srv, res)
 }
