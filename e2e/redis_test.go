@@ -160,6 +160,7 @@ func TestRedisServerKilledMidDrain(t *testing.T) {
 		60*time.Second, 20*time.Millisecond, "the relay never published; output:\n%s", p.out.String())
 	rs.kill()
 	time.Sleep(2 * time.Second)
+	require.Positive(t, pending(t, db), "events wait while Redis is down")
 	rs.run()
 	committed := <-done
 	drained(t, db, p)
