@@ -80,3 +80,11 @@ func (s *privateServer) client() *redis.Client {
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// clientOf returns a client of addr that does not retry, closed when the
+// test ends.
+func clientOf(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
