@@ -2,9 +2,11 @@ package redispub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -108,6 +110,12 @@ type Publisher struct {
 	client *redis.Client
 	cfg    Config
 	script *redis.Script
+
+	mu sync.Mutex
+	// failing is the error of the last publish that ended in an error a
+	// retry may fix, since failingSince; nil once a publish went through.
+	failing      error
+	failingSince time.Time
 }
 
 // New returns a Publisher on client, with cfg's defaults applied; it
@@ -155,8 +163,45 @@ return out`
 // relay.MessagingSystem).
 func (p *Publisher) MessagingSystem() string { return "redis" }
 
-// Ready pings the server, for the relay's /readyz.
-func (p *Publisher) Ready(ctx context.Context) error { return p.client.Ping(ctx).Err() }
+// Ready returns nil when the publisher can publish: its last publish did
+// not end in an error a retry may fix, and the server answers PING. A
+// server at maxmemory answers PING and refuses every XADD: /readyz must
+// not pass then.
+func (p *Publisher) Ready(ctx context.Context) error {
+	p.mu.Lock()
+	failing, since := p.failing, p.failingSince
+	p.mu.Unlock()
+	if failing != nil {
+		return fmt.Errorf("publishing has failed since %s (%s): %w", since.UTC().Format(time.RFC3339), time.Since(since).Round(time.Second), failing)
+	}
+	return p.client.Ping(ctx).Err()
+}
+
+// noteOutcome records, for Ready, whether a publish went through: an
+// error a retry may fix marks the publisher failing, a publish with every
+// sent message acknowledged clears it.
+func (p *Publisher) noteOutcome(ctx context.Context, errs []error) {
+	if ctx.Err() != nil || len(errs) == 0 {
+		return
+	}
+	var transient error
+	for _, err := range errs {
+		if err != nil && !relay.IsPermanent(err) && !errors.Is(err, errNotSent) {
+			transient = err
+			break
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case transient == nil:
+		p.failing = nil
+	case p.failing == nil:
+		p.failing, p.failingSince = transient, time.Now()
+	default:
+		p.failing = transient
+	}
+}
 
 // Routing is routing.Redis for topicPrefix with the Publisher's MaxBytes:
 // producers must set the same routing.
@@ -218,6 +263,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 			}
 		}
 	}
+	p.noteOutcome(ctx, errs)
 	return errs
 }
 

@@ -50,10 +50,12 @@ func TestOOMIsRetriable(t *testing.T) {
 	}
 	require.Equal(t, "OOM", p.ErrorCode(errs[0]))
 	require.Equal(t, "not_sent", p.ErrorCode(errs[1]))
+	require.ErrorContains(t, p.Ready(ctx), "publishing has failed since", "PING passes at maxmemory; readiness must not")
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
 	for i, err := range publish(t, p, m) {
 		require.NoError(t, err, i)
 	}
+	require.NoError(t, p.Ready(ctx), "ready again once a publish went through")
 	require.EqualValues(t, 3, c.XLen(ctx, "oom").Val())
 }
 
