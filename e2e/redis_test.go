@@ -245,3 +245,24 @@ func TestRedisPoisonHeldOnItsRow(t *testing.T) {
 	p.signal(t, syscall.SIGTERM)
 	p.wait(t, 30*time.Second)
 }
+
+// The WAL source publishes to Redis through the same --sink: every event
+// a mixed load (Emit and plain INSERTs) committed reaches the stream, each
+// aggregate's in order.
+func TestRedisWALSource(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("a WAL relay over 5,000 events; skipped with -short")
+	}
+	w := walSetup(t)
+	rs := startRedis(t)
+	p := start(t, redisRelayArgs(w.db, rs.url(""), "--mode", "wal", "--source", "wal-redis", "--heartbeat-interval", "500ms")...)
+	w.waitStreaming(t, p)
+	l := produce(t, w.db, 5_000, 10*time.Millisecond, nil)
+	w.walDrained(t, l.last, p)
+	p.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, p.wait(t, 30*time.Second), "SIGTERM exits 0; output:\n%s", p.out.String())
+	got := rs.readStream("order")
+	dups := verify(t, l.committed, got)
+	t.Logf("WAL source to Redis: %d events, %d entries, %d duplicates", l.events, len(got), dups)
+}
