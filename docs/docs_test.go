@@ -58,11 +58,14 @@ func (c command) String() string { return strings.Join(c.args, " ") }
 
 func (b block) where() string { return fmt.Sprintf("%s:%d", b.page, b.line) }
 
-// pages reads README.md and docs/*.md.
+// pages reads README.md, BENCHMARKS.md, docs/*.md and docs/sinks/*.md.
 func pages(t *testing.T) []page {
 	t.Helper()
 	names := []string{"README.md", "BENCHMARKS.md"}
 	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	require.NoError(t, err)
+	sinks, err := filepath.Glob(filepath.Join(root, "docs", "sinks", "*.md"))
+	docs = append(docs, sinks...)
 	require.NoError(t, err)
 	for _, d := range docs {
 		rel, err := filepath.Rel(root, d)
