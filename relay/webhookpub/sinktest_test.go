@@ -73,7 +73,6 @@ func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-
 func (e *endpoint) read(t *testing.T, dest string, want int) []sinktest.Delivered {
 	t.Helper()
 	n := func() int {
