@@ -94,7 +94,8 @@ func webhookConfig(u *url.URL, env sinkEnv) (webhookpub.Config, error) {
 	endpoint.RawQuery = q.Encode()
 	cfg.Endpoint = endpoint.String()
 	if def, ok := cfg.Routes["*"]; ok {
-		cfg.Endpoint = def
+		// "* -": no default; an event without a route of its own is held.
+		cfg.Endpoint = strings.TrimPrefix(def, "-")
 		delete(cfg.Routes, "*")
 	}
 	return cfg, nil
@@ -136,7 +137,7 @@ func webhookSecrets(file string) ([]webhookpub.Secret, error) {
 
 // readWebhookRoutes reads a routes file: one route a line, an event type
 // or a topic, white space, then the endpoint URL; "*" routes everything
-// else; '#' starts a comment.
+// else ("* -": nothing else is routed); '#' starts a comment.
 func readWebhookRoutes(file string) (map[string]string, error) {
 	f, err := os.Open(file)
 	if err != nil {

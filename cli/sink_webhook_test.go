@@ -53,6 +53,12 @@ func TestWebhookSinkURL(t *testing.T) {
 	cfg, err = webhookConfig(u, sinkEnv{log: slog.Default()})
 	require.NoError(t, err)
 	require.Equal(t, "https://c.example/all", cfg.Endpoint, "* in the routes file is the default endpoint")
+
+	none := writeFile(t, "none", "order https://a.example/orders\n* -\n")
+	u, _ = url.Parse("https://hooks.example/x?secret_file=" + url.QueryEscape(secret) + "&routes=" + url.QueryEscape(none))
+	cfg, err = webhookConfig(u, sinkEnv{log: slog.Default()})
+	require.NoError(t, err)
+	require.Empty(t, cfg.Endpoint, "* - leaves no default endpoint")
 }
 
 func TestWebhookSinkURLMistakes(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sync"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -277,7 +277,8 @@ func TestWebhookEndpointDownAndBack(t *testing.T) {
 
 // Each poison shape is held on its own row with its reason, while the
 // rows beside it (other aggregates) go through: a request over max_bytes
-// (too_large), a type whose topic is too long (invalid_topic), an event the
+// (too_large), a type whose topic is too long and one with no route
+// (invalid_topic), an event the
 // endpoint answers 422 (broker_refused) and one it answers 403
 // (not_authorized), and a header HTTP cannot take (reserved_header).
 func TestWebhookPoisonRowsHeld(t *testing.T) {
@@ -299,6 +300,7 @@ func TestWebhookPoisonRowsHeld(t *testing.T) {
 		{"order.placed", `{}`, "", "broker_refused"},
 		{"order.placed", `{}`, "", "not_authorized"},
 		{"order.placed", `{}`, `{"content-length": "1"}`, "reserved_header"},
+		{"invoice.sent", `{}`, "", "invalid_topic"}, // no route: the routes file routes only "order"
 	} {
 		good = append(good, insert(goodAgg, "order.placed", fmt.Sprintf(`{"n": %d}`, i), ""))
 		want[insert(uuid.New(), c.typ, c.payload, c.headers)] = c.reason
@@ -312,7 +314,9 @@ func TestWebhookPoisonRowsHeld(t *testing.T) {
 		refuse[id], forbid[id] = r == "broker_refused", r == "not_authorized"
 	}
 	h := newHookServer(t, hookFaults{refuse: refuse, forbid: forbid})
-	p := start(t, webhookRelayArgs(db, h.sinkURL(t, "max_bytes=10000"))...)
+	routes := filepath.Join(t.TempDir(), "routes")
+	require.NoError(t, os.WriteFile(routes, []byte("order http://"+h.addr+"/orders\n* -\n"), 0o600))
+	p := start(t, webhookRelayArgs(db, h.sinkURL(t, "max_bytes=10000&routes="+url.QueryEscape(routes)))...)
 	failures := "SELECT event_id, reason FROM " + migrate.FailuresIdent(db.Tables)
 	require.Eventually(t, func() bool {
 		rows, err := db.Pool.Query(ctx, failures)
