@@ -153,7 +153,7 @@ func checkURL(raw string) error {
 		return fmt.Errorf("%q is not a URL", redact(raw))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q: write http://host[:port]/path or https://...", redact(raw))
+		return fmt.Errorf("%q: write http://host[:port]/path or https://host[:port]/path", redact(raw))
 	}
 	if u.User != nil {
 		return fmt.Errorf("%q carries credentials; endpoints authenticate requests by their signatures", redact(raw))

@@ -20,7 +20,8 @@ import (
 type RequestError struct {
 	// Endpoint is the URL, without its query.
 	Endpoint string
-	Err      error
+	// Err is the transport's error (a timeout, a refused connection, ...).
+	Err error
 }
 
 func (e *RequestError) Error() string {
