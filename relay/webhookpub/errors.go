@@ -2,6 +2,8 @@ package webhookpub
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -125,14 +127,15 @@ const (
 	codeTimeout    = "timeout"
 	codeCanceled   = "canceled"
 	codeConnection = "connection"
+	codeTLS        = "tls"
 	codeNotSent    = "not_sent"
 	codeOther      = "other"
 )
 
 // ErrorCode names a publish error for metrics: "http_<status>" for a
 // response, the reason for a held event (too_large, invalid_topic,
-// reserved_header), else timeout, canceled, connection, not_sent or
-// other.
+// reserved_header), else timeout, canceled, tls (the endpoint's
+// certificate was not trusted), connection, not_sent or other.
 func (p *Publisher) ErrorCode(err error) string {
 	var se *StatusError
 	var re *RequestError
@@ -152,7 +155,25 @@ func (p *Publisher) ErrorCode(err error) string {
 		if errors.As(re.Err, &te) && te.Timeout() {
 			return codeTimeout
 		}
+		if isTLS(re.Err) {
+			return codeTLS
+		}
 		return codeConnection
 	}
 	return codeOther
+}
+
+// isTLS reports whether err is a failed TLS handshake or certificate
+// check.
+func isTLS(err error) bool {
+	var (
+		unknown  x509.UnknownAuthorityError
+		invalid  x509.CertificateInvalidError
+		hostname x509.HostnameError
+		verify   *tls.CertificateVerificationError
+		alert    tls.AlertError
+		header   tls.RecordHeaderError
+	)
+	return errors.As(err, &unknown) || errors.As(err, &invalid) || errors.As(err, &hostname) ||
+		errors.As(err, &verify) || errors.As(err, &alert) || errors.As(err, &header)
 }
