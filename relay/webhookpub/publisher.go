@@ -19,7 +19,10 @@ import (
 )
 
 // A Publisher is a relay.Sink.
-var _ relay.Sink = (*Publisher)(nil)
+var (
+	_ relay.Sink    = (*Publisher)(nil)
+	_ relay.Readier = (*Publisher)(nil)
+)
 
 // Publisher delivers events as Standard Webhooks requests: one POST per
 // event, its payload as the body, signed with every secret; see the
@@ -30,6 +33,10 @@ type Publisher struct {
 	// slots bounds the requests in flight per endpoint URL.
 	mu    sync.Mutex
 	slots map[string]chan struct{}
+	// failing is the error of the last publish that ended in an error a
+	// retry may fix, since failingSince; nil once a publish went through.
+	failing      error
+	failingSince time.Time
 }
 
 // New checks cfg (Validate, after WithDefaults) and builds a Publisher.
@@ -147,7 +154,48 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		})
 	}
 	wg.Wait()
+	p.noteOutcome(ctx, errs)
 	return errs
+}
+
+// noteOutcome records, for Ready, whether a publish ended with an event
+// an endpoint did not take although it may (it failed for the whole
+// delivery timeout).
+func (p *Publisher) noteOutcome(ctx context.Context, errs []error) {
+	if len(errs) == 0 || ctx.Err() != nil {
+		return
+	}
+	var transient error
+	for _, err := range errs {
+		if err != nil && !relay.IsPermanent(err) && !errors.Is(err, errNotSent) {
+			transient = err
+			break
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case transient == nil:
+		p.failing = nil
+	case p.failing == nil:
+		p.failing, p.failingSince = transient, time.Now()
+	default:
+		p.failing = transient
+	}
+}
+
+// Ready returns nil when the last publish did not end in an error a retry
+// may fix (an endpoint down, failing or throttling for the whole delivery
+// timeout) and every endpoint can be connected to (Ping): what the relay's
+// /readyz asks.
+func (p *Publisher) Ready(ctx context.Context) error {
+	p.mu.Lock()
+	failing, since := p.failing, p.failingSince
+	p.mu.Unlock()
+	if failing != nil {
+		return fmt.Errorf("publishing has failed since %s (%s): %w", since.UTC().Format(time.RFC3339), time.Since(since).Round(time.Second), failing)
+	}
+	return p.Ping(ctx)
 }
 
 // publishOne checks m, then sends it until the endpoint takes it, refuses

@@ -206,3 +206,22 @@ func TestConcurrencyBounds(t *testing.T) {
 	require.LessOrEqual(t, peak, 3)
 	require.Equal(t, want, order)
 }
+
+// Ready fails while an endpoint keeps failing for a whole publish, and
+// passes again once a publish goes through.
+func TestReady(t *testing.T) {
+	t.Parallel()
+	var down atomic.Bool
+	down.Store(true)
+	p := publisher(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}), webhookpub.Config{DeliveryTimeout: 200 * time.Millisecond})
+	require.NoError(t, p.Ready(context.Background()), "nothing published yet")
+	require.Error(t, one(t, p))
+	require.ErrorContains(t, p.Ready(context.Background()), "publishing has failed since")
+	down.Store(false)
+	require.NoError(t, one(t, p))
+	require.NoError(t, p.Ready(context.Background()))
+}
