@@ -169,9 +169,9 @@ func webhookRelayArgs(db *pgtest.DB, sink string, extra ...string) []string {
 		"--batch-size", fmt.Sprint(batchSize), "--poll-interval", "100ms", "--delivery-timeout", "3s", "--log-level", "warn"}, extra...)
 }
 
-// drain waits until nothing is pending, then stops the relayers with
+// drainHooks waits until nothing is pending, then stops the relayers with
 // SIGTERM.
-func drain(t *testing.T, db *pgtest.DB, timeout time.Duration, ps ...*proc) {
+func drainHooks(t *testing.T, db *pgtest.DB, timeout time.Duration, ps ...*proc) {
 	t.Helper()
 	require.Eventually(t, func() bool { return pending(t, db) == 0 }, timeout, 200*time.Millisecond,
 		"outbox did not drain (%d pending); relayer output:\n%s", pending(t, db), ps[0].out.String())
@@ -192,7 +192,7 @@ func TestWebhookFlakyEndpoint(t *testing.T) {
 	h := newHookServer(t, hookFaults{fail: 0.3, throttle: 0.1, slow: 20 * time.Millisecond})
 	committed := writers(t, ctx, db, 3_000, 200, 2, 50, time.Second)
 	p := start(t, webhookRelayArgs(db, h.sinkURL(t, "concurrency=32"))...)
-	drain(t, db, 5*time.Minute, p)
+	drainHooks(t, db, 5*time.Minute, p)
 	got := h.accepted()
 	dups := verify(t, committed, got)
 	st := h.statuses()
@@ -215,7 +215,7 @@ func TestWebhookThreeRelaysKeepOrder(t *testing.T) {
 		ps = append(ps, start(t, webhookRelayArgs(db, h.sinkURL(t, ""), "--source", fmt.Sprint("relay-", i))...))
 	}
 	committed := <-done
-	drain(t, db, 5*time.Minute, ps...)
+	drainHooks(t, db, 5*time.Minute, ps...)
 	got := h.accepted()
 	dups := verify(t, committed, got)
 	by := map[string]int{}
@@ -246,7 +246,7 @@ func TestWebhookTenSIGKILLs(t *testing.T) {
 		p = start(t, webhookRelayArgs(db, sink)...)
 	}
 	committed := <-done
-	drain(t, db, 5*time.Minute, p)
+	drainHooks(t, db, 5*time.Minute, p)
 	got := h.accepted()
 	dups := verify(t, committed, got)
 	t.Logf("20,000 events, 10 SIGKILLs: %d accepted, %d duplicates (bound %d)", len(got), dups, 10*batchSize)
@@ -269,7 +269,7 @@ func TestWebhookEndpointDownAndBack(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	h.up()
 	committed := <-done
-	drain(t, db, 5*time.Minute, p)
+	drainHooks(t, db, 5*time.Minute, p)
 	got := h.accepted()
 	dups := verify(t, committed, got)
 	t.Logf("5,000 events, endpoint down 5 s after %d: %d accepted, %d duplicates", before, len(got), dups)
