@@ -136,6 +136,8 @@ func (cfg Config) Validate() error {
 	switch {
 	case cfg.MaxBytes < 0:
 		return fmt.Errorf("webhookpub: MaxBytes is %d; use a positive size in bytes, or 0 for %d", cfg.MaxBytes, DefaultMaxBytes)
+	case cfg.MaxBytes > 0 && cfg.MaxBytes < minRequest(len(cfg.Secrets)):
+		return fmt.Errorf("webhookpub: MaxBytes (the sink URL's max_bytes) is %d; the smallest event makes a request of %d bytes, so use at least that, or 0 for %d", cfg.MaxBytes, minRequest(len(cfg.Secrets)), DefaultMaxBytes)
 	case cfg.Concurrency < 0:
 		return fmt.Errorf("webhookpub: Concurrency is %d; use a positive number, or 0 for %d", cfg.Concurrency, DefaultConcurrency)
 	case cfg.RequestTimeout < 0 || cfg.DeliveryTimeout < 0 || cfg.MinBackoff < 0 || cfg.MaxBackoff < 0:
@@ -191,3 +193,6 @@ func newClient(cfg Config) (*http.Client, error) {
 	tr.MaxIdleConnsPerHost = cfg.Concurrency
 	return &http.Client{Transport: tr}, nil
 }
+
+// minRequest is the request of the smallest event, signed nsig times.
+func minRequest(nsig int) int { return routing.Webhook{Signatures: nsig}.Size("x", 2, nil) }

@@ -39,6 +39,7 @@ func TestConfigErrors(t *testing.T) {
 		{webhookpub.Config{Secrets: sec, Routes: map[string]string{"order": "h/x"}}, `Routes["order"]`},
 		{webhookpub.Config{Secrets: sec, Routes: map[string]string{"": "http://h/x"}}, "empty key"},
 		{webhookpub.Config{Secrets: sec, Endpoint: "http://h/x", MaxBytes: -1}, "MaxBytes is -1"},
+		{webhookpub.Config{Secrets: sec, Endpoint: "http://h/x", MaxBytes: 100}, "max_bytes) is 100; the smallest event"},
 		{webhookpub.Config{Secrets: sec, Endpoint: "http://h/x", Concurrency: -2}, "Concurrency is -2"},
 		{webhookpub.Config{Secrets: sec, Endpoint: "http://h/x", MinBackoff: time.Second, MaxBackoff: time.Millisecond}, "MinBackoff"},
 		{webhookpub.Config{Secrets: sec, Endpoint: "http://h/x", CAFile: "/nonexistent/ca.pem"}, "CAFile"},
