@@ -218,7 +218,7 @@ func TestReady(t *testing.T) {
 		if down.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-	}), webhookpub.Config{DeliveryTimeout: 200 * time.Millisecond})
+	}), webhookpub.Config{DeliveryTimeout: 2 * time.Second})
 	require.NoError(t, p.Ready(context.Background()), "nothing published yet")
 	require.Error(t, one(t, p))
 	require.ErrorContains(t, p.Ready(context.Background()), "publishing has failed since")

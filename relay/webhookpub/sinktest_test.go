@@ -102,7 +102,7 @@ func webhookSink(t *testing.T) *sinktest.Sink {
 	t.Helper()
 	e, srv := newEndpoint(t)
 	pub, err := webhookpub.New(webhookpub.Config{Endpoint: srv.URL + "/hook", Secrets: e.secrets, MaxBytes: sinkMaxBytes,
-		DeliveryTimeout: time.Second, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+		DeliveryTimeout: 3 * time.Second, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 	require.NoError(t, err)
 	fault := func(set func(), clear func()) func() {
 		e.mu.Lock()
