@@ -218,6 +218,11 @@ func (p *Publisher) publishOne(ctx context.Context, m *relay.Message, deadline t
 		if err == nil || relay.IsPermanent(err) {
 			return err
 		}
+		if last != nil && errors.Is(err, context.DeadlineExceeded) && !time.Now().Before(deadline) {
+			// Cut short by the call's deadline: the previous attempt's
+			// error says more about the endpoint.
+			return last
+		}
 		last = err
 		if wait < 0 {
 			wait = backoff(attempt, p.cfg.MinBackoff, p.cfg.MaxBackoff)
