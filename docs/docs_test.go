@@ -1,5 +1,5 @@
 // Package docs_test checks the documentation against the code: every shell
-// command in README.md and docs/*.md names a real `outbox` command and real
+// command in README.md and docs/ (sinks included) names a real `outbox` command and real
 // flags, the quick ones run, and every relative link and #anchor resolves.
 package docs_test
 
