@@ -30,13 +30,15 @@ type flight struct {
 }
 
 // Publish sends msgs to the exchange, each with the routing key of its
-// Topic, and waits for every confirm, within ctx. See Publisher for the
+// Topic, and waits for every confirm, within ctx and ConfirmTimeout. See Publisher for the
 // order it sends them in.
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 	errs := make([]error, len(msgs))
 	if len(msgs) == 0 {
 		return errs
 	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ConfirmTimeout)
+	defer cancel()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	oc, err := p.channel(ctx)

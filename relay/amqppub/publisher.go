@@ -25,6 +25,7 @@ const (
 	DefaultMaxBytes       = routing.DefaultAMQPMaxBytes
 	DefaultConnectTimeout = 10 * time.Second
 	DefaultHeartbeat      = 10 * time.Second
+	DefaultConfirmTimeout = 30 * time.Second
 )
 
 // Config configures a Publisher.
@@ -53,6 +54,10 @@ type Config struct {
 	// finds a dead connection within about twice that. Defaults to
 	// DefaultHeartbeat (10s).
 	Heartbeat time.Duration
+	// ConfirmTimeout bounds one Publish call: the messages the server
+	// has not confirmed by then fail for a retry. Defaults to
+	// DefaultConfirmTimeout (30s).
+	ConfirmTimeout time.Duration
 	// Logger receives connection events. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -70,6 +75,9 @@ func (cfg Config) WithDefaults() Config {
 	}
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = DefaultConfirmTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -96,8 +104,8 @@ func (cfg Config) Validate() error {
 	if len(cfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(cfg.Source) != "" {
 		return fmt.Errorf("amqppub: Source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
 	}
-	if cfg.MaxBytes < 0 || cfg.ConnectTimeout < 0 || cfg.Heartbeat < 0 {
-		return errors.New("amqppub: MaxBytes, ConnectTimeout and Heartbeat must not be negative; use 0 for their defaults")
+	if cfg.MaxBytes < 0 || cfg.ConnectTimeout < 0 || cfg.Heartbeat < 0 || cfg.ConfirmTimeout < 0 {
+		return errors.New("amqppub: MaxBytes, ConnectTimeout, Heartbeat and ConfirmTimeout must not be negative; use 0 for their defaults")
 	}
 	return nil
 }
