@@ -78,6 +78,22 @@ func oversized(e *amqp.Error) (size, limit int) {
 	return size, limit
 }
 
+// refusedText is how RabbitMQ words a publish that topic authorisation
+// refuses, when it closes the channel.
+var refusedText = regexp.MustCompile(`access to topic '(.*)' in exchange '`)
+
+// refusedTopic reads the refused routing key from a channel closed by
+// topic authorisation; "" for another close.
+func refusedTopic(e *amqp.Error) string {
+	if e == nil || e.Code != amqp.AccessRefused {
+		return ""
+	}
+	if m := refusedText.FindStringSubmatch(e.Reason); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
 // Codes ErrorCode returns.
 const (
 	codeNoRoute     = "no_route"
@@ -109,7 +125,7 @@ var amqpCodes = map[int]string{
 // too_large, invalid_routing_key, reserved_header, invalid_header,
 // not_sent, timeout, canceled, unreachable, the AMQP reply code's name
 // when the server closed the channel with one (access_refused, ...),
-// channel_closed, or other.
+// channel_closed, the relay.Reason of another permanent error, or other.
 func (p *Publisher) ErrorCode(err error) string {
 	sentinels := []struct {
 		err  error
@@ -136,6 +152,8 @@ func (p *Publisher) ErrorCode(err error) string {
 		return codeClosed
 	case errors.Is(err, errDial):
 		return codeUnreachable
+	case relay.ReasonOf(err) != "":
+		return relay.ReasonOf(err)
 	}
 	return codeOther
 }

@@ -157,17 +157,25 @@ func (f *flight) drainReturns() {
 }
 
 // closed settles what was in flight when the channel closed: the message
-// the server closed it for (when it says), permanently; the others may
+// the server closed it for (when it says: too large, or a routing key the
+// user may not write), permanently; the others may
 // have arrived or not, so they fail for a retry.
 func (f *flight) closed(e *amqp.Error) {
 	f.p.ch = nil
 	culprit, limit := oversized(e)
+	refusedKey := refusedTopic(e)
 	if limit > 0 {
 		f.p.maxBytes = limit
 	}
 	for tag, i := range f.inflight {
 		delete(f.inflight, tag)
 		m := &f.msgs[i]
+		if refusedKey != "" && m.Topic == refusedKey {
+			f.fail(i, relay.PermanentReason(relay.ReasonNotAuthorized, fmt.Errorf(
+				"amqppub: the server refused message %d: the user may not publish with routing key %q to exchange %q (%v); grant it topic write permission, then retry the row ('outbox events retry'), or park it",
+				m.ID, m.Topic, f.p.cfg.Exchange, e)))
+			continue
+		}
 		if culprit > 0 && len(m.Payload) == culprit {
 			f.fail(i, relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
 				"amqppub: the server refused message %d: its body is %d bytes, over the server's max_message_size of %d (%v); raise max_message_size and retry the row ('outbox events retry'), or park it",
