@@ -104,7 +104,9 @@ func TestConsumesExactlyOnce(t *testing.T) {
 		BackoffMin: time.Millisecond, BackoffMax: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 		Handlers: map[string]consumer.Handler{
 			"order.placed": apply,
-			"order.poison": func(context.Context, pgx.Tx, consumer.Event) error { return consumer.Permanent(errors.New("cannot bill this order")) },
+			"order.poison": func(context.Context, pgx.Tx, consumer.Event) error {
+				return consumer.Permanent(errors.New("cannot bill this order"))
+			},
 		}})
 	require.NoError(t, err)
 	c, err := amqpconsumer.New(amqpconsumer.Config{URL: url, Queue: name, Dispatcher: d, Workers: 4, Prefetch: 32})
