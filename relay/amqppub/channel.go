@@ -27,6 +27,16 @@ const notifyBuffer = 4096
 // channel returns the open channel, opening the connection, the channel
 // and the exchange as needed.
 func (p *Publisher) channel(ctx context.Context) (*openChannel, error) {
+	oc, err := p.open(ctx)
+	if err != nil {
+		p.lastErr.Store(&err)
+	} else {
+		p.lastErr.Store(nil)
+	}
+	return oc, err
+}
+
+func (p *Publisher) open(ctx context.Context) (*openChannel, error) {
 	if p.ch != nil && !p.ch.ch.IsClosed() {
 		return p.ch, nil
 	}

@@ -109,7 +109,12 @@ func (f *flight) wait(ctx context.Context) {
 				return
 			}
 			f.confirmed(ctx, c)
-		case r := <-f.oc.returns:
+		case r, ok := <-f.oc.returns:
+			if !ok {
+				// Closed with the channel: the confirms say the rest.
+				f.oc.returns = nil
+				continue
+			}
 			f.returned[r.MessageId] = r
 		case e := <-f.oc.closed:
 			f.closed(e)
@@ -148,7 +153,11 @@ func (f *flight) confirmed(ctx context.Context, c amqp.Confirmation) {
 func (f *flight) drainReturns() {
 	for {
 		select {
-		case r := <-f.oc.returns:
+		case r, ok := <-f.oc.returns:
+			if !ok {
+				f.oc.returns = nil
+				return
+			}
 			f.returned[r.MessageId] = r
 		default:
 			return

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -141,6 +142,9 @@ type Publisher struct {
 	conn     *amqp.Connection
 	ch       *openChannel
 	maxBytes int
+	// lastErr is the error of the last attempt to open the channel, nil
+	// once one succeeded: Ready's answer while a Publish runs.
+	lastErr atomic.Pointer[error]
 }
 
 // A Publisher is a relay.Sink, and tells /readyz whether it can publish.
@@ -186,8 +190,19 @@ func (p *Publisher) Ping(ctx context.Context) error {
 }
 
 // Ready reports whether the Publisher can publish now: its connection is
-// open, or a new one can be opened.
-func (p *Publisher) Ready(ctx context.Context) error { return p.Ping(ctx) }
+// open, or a new one can be opened. While a Publish holds the connection
+// it answers at once from how the last attempt to open it went.
+func (p *Publisher) Ready(ctx context.Context) error {
+	if !p.mu.TryLock() {
+		if err := p.lastErr.Load(); err != nil {
+			return *err
+		}
+		return nil
+	}
+	defer p.mu.Unlock()
+	_, err := p.channel(ctx)
+	return err
+}
 
 // Close closes the connection. Publish after Close connects again.
 func (p *Publisher) Close() error {
