@@ -103,6 +103,18 @@ func findServer() string {
 	return ""
 }
 
+// Name is the node's Erlang name, for rabbitmqctl -n.
+func (n *Node) Name() string { return n.name }
+
+// Ctl runs rabbitmqctl against the node, failing t when it fails.
+func (n *Node) Ctl(args ...string) {
+	n.t.Helper()
+	out, err := exec.Command("rabbitmqctl", append([]string{"-n", n.name}, args...)...).CombinedOutput()
+	if err != nil {
+		n.t.Fatalf("rabbittest: rabbitmqctl %v: %v: %s", args, err, out)
+	}
+}
+
 // URL is the node's AMQP URL (guest, which a node lets in from
 // localhost).
 func (n *Node) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", n.port) }

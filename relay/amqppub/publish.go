@@ -48,6 +48,10 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		}
 		return errs
 	}
+	// Past ctx, the connection is given up: a write may be stuck on a
+	// server that stopped reading, and amqp091 would wait for ever.
+	raw := p.raw
+	defer context.AfterFunc(ctx, func() { _ = raw.Close() })()
 	f := &flight{p: p, oc: oc, msgs: msgs, errs: errs, next: map[uuid.UUID][]int{},
 		inflight: map[uint64]int{}, returned: map[string]amqp.Return{}}
 	var order []uuid.UUID

@@ -142,6 +142,10 @@ type Publisher struct {
 	conn     *amqp.Connection
 	ch       *openChannel
 	maxBytes int
+	// raw is conn's network connection: closing it unblocks a write the
+	// server does not read (a connection blocked by a resource alarm),
+	// which amqp091 bounds by no deadline.
+	raw net.Conn
 	// lastErr is the error of the last attempt to open the channel, nil
 	// once one succeeded: Ready's answer while a Publish runs.
 	lastErr atomic.Pointer[error]
@@ -242,6 +246,7 @@ func (p *Publisher) dial(ctx context.Context) (*amqp.Connection, error) {
 			if err != nil {
 				return nil, err
 			}
+			p.raw = c
 			// The handshake must finish in time too; amqp091 clears the
 			// deadline once the connection is open.
 			return c, c.SetDeadline(time.Now().Add(timeout))

@@ -116,11 +116,12 @@ func bound(t *testing.T, url string, cfg amqppub.Config) (*amqppub.Publisher, st
 // channel); the Publisher blames that message alone, permanently, learns
 // the server's figure, and refuses the next such body before sending it.
 // Then the node is killed: messages fail for a retry, and once the node
-// is back the Publisher reconnects on its own and delivers them.
+// is back the Publisher reconnects on its own and delivers them. Then a
+// memory alarm blocks publishing, and Publish still returns in time.
 func TestPrivateNode(t *testing.T) {
 	t.Parallel()
 	node := rabbittest.StartNode(t, rabbittest.NodeOptions{MaxMessageSize: 50_000})
-	pub, q := bound(t, node.URL(), amqppub.Config{})
+	pub, q := bound(t, node.URL(), amqppub.Config{ConfirmTimeout: 3 * time.Second})
 	ctx := context.Background()
 	a, b := uuid.New(), uuid.New()
 	big := []byte(`{"pad": "` + strings.Repeat("x", 60_000) + `"}`)
@@ -149,11 +150,23 @@ func TestPrivateNode(t *testing.T) {
 	node.Start()
 	errs = pub.Publish(ctx, []relay.Message{msg(7, a, []byte(`{}`))})
 	require.NoError(t, errs[0])
+
+	// A memory alarm blocks publishers: the server stops reading and
+	// confirming. Publish gives up within ConfirmTimeout, for a retry,
+	// and publishes again once the alarm clears.
+	node.Ctl("set_vm_memory_high_watermark", "0")
+	errs = pub.Publish(ctx, []relay.Message{msg(8, a, []byte(`{}`))})
+	require.Error(t, errs[0])
+	require.False(t, relay.IsPermanent(errs[0]), errs[0])
+	node.Ctl("set_vm_memory_high_watermark", "0.4")
+	require.Eventually(t, func() bool { return pub.Publish(ctx, []relay.Message{msg(8, a, []byte(`{}`))})[0] == nil },
+		60*time.Second, 100*time.Millisecond, "publishes once the alarm is cleared")
+
 	conn := rabbittest.Dial(t, node.URL())
 	var ids []string
-	for _, d := range rabbittest.Get(t, conn, q, 3, 200*time.Millisecond, 20*time.Second) {
+	for _, d := range rabbittest.Get(t, conn, q, 4, 200*time.Millisecond, 20*time.Second) {
 		ids = append(ids, d.MessageId)
 	}
-	require.Subset(t, ids, []string{"1", "6", "7"})
+	require.Subset(t, ids, []string{"1", "6", "7", "8"})
 	require.NotContains(t, ids, "2")
 }
