@@ -51,10 +51,12 @@ func StartNode(t testing.TB, opts NodeOptions) *Node {
 		}
 		t.Skip("rabbittest: rabbitmq-server is not installed (apt-get install rabbitmq-server)")
 	}
+	reapOrphans()
 	dir, err := os.MkdirTemp("", "rabbittest-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	must(t, os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644))
 	n := &Node{t: t, bin: bin, dir: dir, port: freePort(t)}
 	n.name = fmt.Sprintf("rabbit-test-%d@localhost", n.port)
 	conf := fmt.Sprintf("listeners.tcp.1 = 127.0.0.1:%d\n", n.port)
@@ -91,6 +93,29 @@ func StartNode(t testing.TB, opts NodeOptions) *Node {
 	})
 	n.Start()
 	return n
+}
+
+// reapOrphans kills the nodes of test processes that died without their
+// cleanup (a test binary's timeout panics), which would run on for ever,
+// and removes their data.
+func reapOrphans() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "rabbittest-*"))
+	for _, dir := range dirs {
+		raw, err := os.ReadFile(filepath.Join(dir, "owner"))
+		if err != nil {
+			continue
+		}
+		owner, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+		if err != nil || syscall.Kill(owner, 0) == nil {
+			continue
+		}
+		if raw, err := os.ReadFile(filepath.Join(dir, "pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		_ = os.RemoveAll(dir)
+	}
 }
 
 func findServer() string {
