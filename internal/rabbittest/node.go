@@ -1,6 +1,7 @@
 package rabbittest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -106,8 +107,11 @@ func reapOrphans() {
 			continue
 		}
 		owner, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-		if err != nil || syscall.Kill(owner, 0) == nil {
+		if err != nil {
 			continue
+		}
+		if err := syscall.Kill(owner, 0); err == nil || errors.Is(err, syscall.EPERM) {
+			continue // its owner still runs
 		}
 		if raw, err := os.ReadFile(filepath.Join(dir, "pid")); err == nil {
 			if pid, err := strconv.Atoi(strings.TrimSpace(string(raw))); err == nil {
