@@ -43,8 +43,8 @@ func (e *closedError) Error() string {
 }
 
 func (e *closedError) Unwrap() error {
-	if e.err == nil {
-		return amqp.ErrClosed
+	if e.err == nil { // a clean close says no more
+		return nil
 	}
 	return e.err
 }
