@@ -30,8 +30,8 @@ type flight struct {
 }
 
 // Publish sends msgs to the exchange, each with the routing key of its
-// Topic, and waits for every confirm, within ctx and ConfirmTimeout. See Publisher for the
-// order it sends them in.
+// Topic, and waits for every confirm, within ctx and ConfirmTimeout. See
+// Publisher for the order it sends them in.
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 	errs := make([]error, len(msgs))
 	if len(msgs) == 0 {
