@@ -19,6 +19,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/rabbittest"
+	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
 func amqpRelayArgs(db *pgtest.DB, sink string, extra ...string) []string {
@@ -238,4 +239,33 @@ func TestAMQPServerKilledMidDrain(t *testing.T) {
 	got := readQueue(t, node.URL(), ex, 10_000, 60*time.Second)
 	dups := verify(t, committed, got)
 	t.Logf("10,000 events, the node killed and restarted mid-drain: %d messages read, %d duplicates", len(got), dups)
+}
+
+// The WAL source publishes to RabbitMQ through the same --sink: every
+// committed event reaches the queue, each aggregate's in order.
+func TestAMQPWALSource(t *testing.T) {
+	t.Parallel()
+	url := rabbittest.URL()
+	ex := amqpQueue(t, url, "order.#")
+	db := pgtest.New(t, pgtest.Options{MaxConns: 8, ServerURL: needLogical(t)})
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for ctx.Err() == nil && walrelay.Teardown(ctx, db.Pool, slot, slot) != nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	p := start(t, amqpRelayArgs(db, url+"?exchange="+ex, "--mode", "wal", "--source", "wal-amqp", "--heartbeat-interval", "500ms")...)
+	require.Eventually(t, func() bool { return readSlot(t, db.Pool, slot).streaming() }, 60*time.Second, 20*time.Millisecond,
+		"the relayer never streamed; output:\n%s", p.out.String())
+	committed := writers(t, context.Background(), db, 5_000, 100, 2, 20, 2*time.Second)
+	got := readQueue(t, url, ex, 5_000, 60*time.Second)
+	p.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, p.wait(t, 30*time.Second))
+	dups := verify(t, committed, got)
+	for _, d := range got {
+		require.Equal(t, "wal-amqp", d.source)
+	}
+	t.Logf("5,000 events through the WAL source: %d duplicates", dups)
 }
