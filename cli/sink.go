@@ -46,8 +46,10 @@ type sinkOpener func(ctx context.Context, u *url.URL, env sinkEnv) (openedSink, 
 // sinkSchemes maps a --sink URL's scheme to its opener. Kafka is reached
 // through --brokers (and the kafka scheme, for symmetry).
 var sinkSchemes = map[string]sinkOpener{
-	"kafka": openKafkaURL,
-	"amqp":  openAMQPURL, "amqps": openAMQPURL,
+	"kafka":  openKafkaURL,
+	"redis":  openRedisURL,
+	"rediss": openRedisURL,
+	"amqp":   openAMQPURL, "amqps": openAMQPURL,
 }
 
 // parseSinkURL parses --sink's value and finds its opener.

@@ -150,6 +150,7 @@ func Scenarios() []Scenario {
 		{"emit", "business transactions with and without Emit; NOTIFY on/off; EmitBatch vs single emits", true, runEmit},
 		{"relay", "drain a preload with 1, 2 and 4 relayers vs the bare claim-and-mark SQL (--watermill adds Watermill)", true, runRelay},
 		{"watermill", "drain the same preload with the Watermill forwarder (separate module in bench/watermill)", false, runWatermillScenario},
+		{"redis", "drain a preload to a Redis stream (own redis-server) vs go-redis alone; commit-to-ack latency at 1,000 events/s", false, runRedis},
 		{"latency", "commit-to-broker-ack latency at a steady emit rate, LISTEN/NOTIFY and poll-only", true, runLatency},
 		{"scale", "claim time and relay throughput with 0, 1M and 10M dispatched rows in the table", true, runScale},
 		{"consumer", "idempotent processing throughput, single and batched", true, runConsumer},
