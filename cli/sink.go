@@ -49,6 +49,8 @@ var sinkSchemes = map[string]sinkOpener{
 	"kafka":  openKafkaURL,
 	"redis":  openRedisURL,
 	"rediss": openRedisURL,
+	"http":   openWebhookURL,
+	"https":  openWebhookURL,
 	"amqp":   openAMQPURL, "amqps": openAMQPURL,
 }
 
