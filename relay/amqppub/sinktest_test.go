@@ -63,8 +63,8 @@ func (q *queues) bind(dest string, args amqp.Table) {
 	q.t.Helper()
 	_, err := q.ch.QueueDeclare(q.name(dest), false, false, false, false, args)
 	require.NoError(q.t, err)
+	q.bound[dest] = true // for the cleanup, even if the binding fails
 	require.NoError(q.t, q.ch.QueueBind(q.name(dest), dest, q.exchange, false, nil))
-	q.bound[dest] = true
 }
 
 func (q *queues) ensure(msgs []relay.Message) {
@@ -153,6 +153,13 @@ func failEvent(t *testing.T, q *queues, dest string, id int64) func() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	hx := fmt.Sprintf("%s.fail-%d", q.exchange, id)
+	t.Cleanup(func() {
+		if ch, err := q.conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(hx, false, false, false)
+			_ = ch.ExchangeDelete(hx, false, false)
+			_ = ch.Close()
+		}
+	})
 	require.NoError(t, q.ch.ExchangeDeclare(hx, amqp.ExchangeHeaders, false, true, false, false, nil))
 	require.NoError(t, q.ch.ExchangeBind(hx, dest, q.exchange, false, nil))
 	_, err := q.ch.QueueDeclare(hx, false, false, false, false, rejectAll)
