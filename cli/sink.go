@@ -51,6 +51,7 @@ var sinkSchemes = map[string]sinkOpener{
 	"rediss": openRedisURL,
 	"http":   openWebhookURL,
 	"https":  openWebhookURL,
+	"amqp":   openAMQPURL, "amqps": openAMQPURL,
 }
 
 // parseSinkURL parses --sink's value and finds its opener.

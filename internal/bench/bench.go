@@ -156,6 +156,7 @@ func Scenarios() []Scenario {
 		{"consumer", "idempotent processing throughput, single and batched", true, runConsumer},
 		{"wal", "polling relay vs WAL source vs pg_recvlogical on a wal_level=logical cluster: drain, latency, business tx/s per emit mode while relaying, WAL bytes and cleanup per event", false, runWAL},
 		{"webhook", "drain to a loopback webhook endpoint vs net/http alone, and commit-to-2xx latency at 1,000 events/s", false, runWebhook},
+		{"amqp", "RabbitMQ: drain through amqppub vs amqp091-go alone with the same durability, and commit-to-confirm latency at 1,000 events/s", false, runAMQP},
 		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them, and of an `outbox relay --mode wal` process streaming 1M events (with its slot lag)", true, runMemory},
 	}
 }
