@@ -60,6 +60,8 @@ var consumeSchemes = map[string]consumeOpener{
 	"redis":  consumeRedis,
 	"rediss": consumeRedis,
 	"http":   consumeWebhook,
+	"amqp":   consumeAMQP,
+	"amqps":  consumeAMQP,
 }
 
 // kafkaOnlyConsumeFlags are consume's flags only the Kafka consumer reads.

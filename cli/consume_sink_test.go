@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -122,4 +123,28 @@ func TestConsumeSinkMistakes(t *testing.T) {
 		require.Contains(t, stderr, c.want, c.args)
 		require.NotContains(t, stderr, ":pw@", "no password in an error")
 	}
+}
+
+// consume --sink amqp:// consumes a queue bound to the relay's exchange,
+// each event once per name.
+func TestConsumeAMQPSink(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 8})
+	prefix := "consume-" + db.Tables.Schema + "."
+	sink := "amqp://guest:guest@127.0.0.1:5672/"
+	u, err := url.Parse(sink)
+	require.NoError(t, err)
+	queue := prefix + "billing"
+	require.NoError(t, amqpDemoQueue(u, prefix, queue))
+	t.Cleanup(func() { _ = amqpDeleteQueues(u, queue) })
+	want := emitRouted(t, db, routing.AMQP{TopicPrefix: prefix}, "order.placed", 20)
+
+	relay := startCommand(t, db, "relay", "--sink", sink, "--topic-prefix", prefix, "--poll-interval", "50ms", "--cleanup-interval", "0")
+	require.Eventually(t, func() bool { return count(t, db, "dispatched_at IS NULL") == 0 }, 30*time.Second, 50*time.Millisecond)
+	require.NoError(t, relay.stop())
+
+	c := startCommand(t, db, "consume", "--sink", sink, "--topics", queue, "--name", "billing", "--json")
+	require.Eventually(t, func() bool { return len(c.lines()) >= len(want) }, 30*time.Second, 50*time.Millisecond)
+	require.NoError(t, c.stop())
+	require.Equal(t, want, consumedIDs(t, c.lines()))
 }

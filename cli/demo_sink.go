@@ -54,6 +54,7 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 		return nil, cleanup, fmt.Errorf("--sink %s: the demo needs a consumer for it, and `outbox consume` has none for %s; use %s, or --sink webhook", u.Redacted(), scheme, consumeSchemeList())
 	}
 	reads := scheme != "http" // a webhook endpoint is sent to
+	isAMQP := scheme == "amqp" || scheme == "amqps"
 	s = &demo.Sink{
 		Name: strings.SplitN(u.Redacted(), "?", 2)[0],
 		Open: func(ctx context.Context, source string) (relay.Sink, func(), error) {
@@ -67,9 +68,16 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 			}
 			return o.sink, o.close, nil
 		},
-		Consume: func(ctx context.Context, disp consumer.DispatcherConfig, _, topic string) (demo.Consumer, func(), error) {
+		Consume: func(ctx context.Context, disp consumer.DispatcherConfig, prefix, topic string) (demo.Consumer, func(), error) {
 			env := consumeEnv{log: log, disp: disp, group: disp.Name}
-			if reads {
+			switch {
+			case isAMQP:
+				// A queue of the demo's own, bound for its topic's types.
+				if err := amqpDemoQueue(u, prefix, prefix+"loyalty"); err != nil {
+					return nil, nil, err
+				}
+				env.topics = []string{prefix + "loyalty"}
+			case reads:
 				env.topics = []string{topic}
 			}
 			c, err := openConsumer(ctx, u, env)
@@ -83,8 +91,11 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 			return c.run, c.close, nil
 		},
 	}
-	if scheme == "redis" || scheme == "rediss" {
+	switch {
+	case scheme == "redis" || scheme == "rediss":
 		s.Remove = func(ctx context.Context, _, topic string) error { return removeRedisStreams(ctx, u, topic) }
+	case isAMQP:
+		s.Remove = func(_ context.Context, prefix, _ string) error { return amqpDeleteQueues(u, prefix+"loyalty") }
 	}
 	return s, cleanup, nil
 }
