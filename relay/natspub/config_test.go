@@ -3,6 +3,7 @@ package natspub_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -23,6 +24,7 @@ func TestConfigWithDefaultsAndValidate(t *testing.T) {
 		{natspub.Config{Source: strings.Repeat("s", 201)}, "natspub: Source: use at most 200 bytes of UTF-8 text without NUL"},
 		{natspub.Config{Source: "a\x00b"}, "natspub: Source: use at most 200 bytes"},
 		{natspub.Config{MaxPayloadBytes: -1}, "natspub: MaxPayloadBytes is -1; use a positive size in bytes, or 0 to ask the server"},
+		{natspub.Config{AckTimeout: -time.Second}, "natspub: AckTimeout is -1s; use a positive duration"},
 		{natspub.Config{MaxInFlight: -3}, "natspub: MaxInFlight is -3; use a positive number"},
 	} {
 		require.ErrorContains(t, tc.cfg.Validate(), tc.want)

@@ -24,6 +24,9 @@ const (
 	// DefaultMaxInFlight is how many messages may await their
 	// acknowledgement at once.
 	DefaultMaxInFlight = 4096
+	// DefaultAckTimeout bounds how long one Publish call waits for its
+	// acknowledgements.
+	DefaultAckTimeout = 30 * time.Second
 )
 
 // Config configures a Publisher.
@@ -43,6 +46,12 @@ type Config struct {
 	// MaxInFlight bounds the messages awaiting their acknowledgement at
 	// once. Defaults to DefaultMaxInFlight (4096).
 	MaxInFlight int
+	// AckTimeout bounds how long one Publish call waits for the
+	// acknowledgements of its messages (within its ctx): those still
+	// unacknowledged then fail with an error a retry may fix, and are sent
+	// again (the stream drops the copies it already holds). Defaults to
+	// DefaultAckTimeout (30s).
+	AckTimeout time.Duration
 	// Logger receives the publisher's warnings. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -51,6 +60,9 @@ type Config struct {
 func (cfg Config) WithDefaults() Config {
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.AckTimeout == 0 {
+		cfg.AckTimeout = DefaultAckTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -70,6 +82,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.MaxInFlight < 1 {
 		return fmt.Errorf("natspub: MaxInFlight is %d; use a positive number of messages, or 0 for the default (%d)", cfg.MaxInFlight, DefaultMaxInFlight)
+	}
+	if cfg.AckTimeout < 0 {
+		return fmt.Errorf("natspub: AckTimeout is %s; use a positive duration, e.g. 30s, or 0 for the default", cfg.AckTimeout)
 	}
 	return nil
 }
@@ -177,6 +192,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 	if len(msgs) == 0 {
 		return errs
 	}
+	caller := ctx // cancelled on shutdown, which is no failure to report
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
+	defer cancel()
 	lims := p.limits.lookup(ctx, subjectsOf(msgs))
 	queues := map[uuid.UUID][]int{}
 	var order []uuid.UUID
@@ -215,7 +233,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		order = p.dropFailed(msgs, round, errs, order, queues)
 	}
 	if sent > 0 {
-		p.noteOutcome(ctx, errs)
+		p.noteOutcome(caller, errs)
 	}
 	return errs
 }

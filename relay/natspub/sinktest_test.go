@@ -64,4 +64,3 @@ func delivered(t *testing.T, msgs []natstest.Msg) []sinktest.Delivered {
 	}
 	return out
 }
-
