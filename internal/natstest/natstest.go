@@ -131,27 +131,44 @@ type Msg struct {
 }
 
 // ReadStream returns every message stream holds on subject ("" for all),
-// in stream order.
+// in stream order, read with an ordered consumer.
 func ReadStream(t *testing.T, js jetstream.JetStream, stream, subject string) []Msg {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	require.NoError(t, err)
 	info, err := s.Info(ctx)
 	require.NoError(t, err)
-	var out []Msg
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			continue // deleted
-		}
-		if subject != "" && m.Subject != subject {
-			continue
-		}
-		out = append(out, Msg{Seq: m.Sequence, Subject: m.Subject, Header: m.Header, Data: m.Data})
+	last := info.State.LastSeq
+	if info.State.Msgs == 0 {
+		return nil
 	}
-	return out
+	var occ jetstream.OrderedConsumerConfig
+	if subject != "" {
+		occ.FilterSubjects = []string{subject}
+	}
+	cons, err := s.OrderedConsumer(ctx, occ)
+	require.NoError(t, err)
+	var out []Msg
+	for {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(500*time.Millisecond))
+		require.NoError(t, err)
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			require.NoError(t, err)
+			out = append(out, Msg{Seq: md.Sequence.Stream, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+			if md.Sequence.Stream >= last {
+				return out
+			}
+		}
+		if n == 0 { // nothing more on subject up to the last sequence
+			return out
+		}
+		require.NoError(t, ctx.Err(), "reading stream %s", stream)
+	}
 }
 
 func freePort(t *testing.T) int {
