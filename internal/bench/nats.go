@@ -229,7 +229,7 @@ func natsLatency(ctx context.Context, s *session, e *env, b *natsBench, res *Res
 	if err != nil {
 		return err
 	}
-	defer g.stop() //nolint:errcheck // stopped below; a second stop is a no-op
+	defer g.stop()                     //nolint:errcheck // stopped below; a second stop is a no-op
 	time.Sleep(300 * time.Millisecond) // the relayer's first poll, then LISTEN
 	r := latencyRun{rate: 1000}
 	em, err := emitAtRate(ctx, s, e, p, clock, r, window, latencyWriters(s.cfg.Writers, r.rate))
