@@ -134,6 +134,7 @@ Configuration comes from flags, with environment fallbacks:
 		newStatsCmd(g),
 		newDemoCmd(g),
 		newEventsCmd(g),
+		newDLQCmd(g),
 		newWatchdogCmd(g),
 		newCleanupCmd(g),
 		newSwitchCmd(g),

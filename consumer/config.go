@@ -176,11 +176,22 @@ func (cfg Config) Validate() error {
 	if err != nil {
 		return err
 	}
-	if err := cfg.checkHandlers(); err != nil {
+	if err := checkHandlers(cfg.Handlers, cfg.DefaultHandler, cfg.Middleware); err != nil {
 		return err
 	}
-	if err := cfg.checkRetry(); err != nil {
+	if err := checkRetry(cfg.MaxAttempts, cfg.BackoffMin, cfg.BackoffMax); err != nil {
 		return err
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"ShutdownTimeout", cfg.ShutdownTimeout},
+		{"CommitInterval", cfg.CommitInterval},
+	} {
+		if f.d < 0 {
+			return fmt.Errorf("consumer: %s is %s; use a positive duration, or 0 for the default", f.name, f.d)
+		}
 	}
 	return cfg.checkSizes()
 }
@@ -218,16 +229,17 @@ func (cfg Config) deadLetters() (map[string]string, error) {
 	return dlq, nil
 }
 
-func (cfg Config) checkHandlers() error {
-	if len(cfg.Handlers) == 0 && cfg.DefaultHandler == nil {
+// checkHandlers refuses a consumer with no handler, or a nil one.
+func checkHandlers(handlers map[string]Handler, dflt Handler, middleware []Middleware) error {
+	if len(handlers) == 0 && dflt == nil {
 		return errors.New("consumer: no handlers; set Handlers (event type -> handler) or DefaultHandler")
 	}
-	for typ, h := range cfg.Handlers {
+	for typ, h := range handlers {
 		if h == nil {
 			return fmt.Errorf("consumer: the handler for event type %q is nil", typ)
 		}
 	}
-	for i, mw := range cfg.Middleware {
+	for i, mw := range middleware {
 		if mw == nil {
 			return fmt.Errorf("consumer: Middleware[%d] is nil", i)
 		}
@@ -235,25 +247,24 @@ func (cfg Config) checkHandlers() error {
 	return nil
 }
 
-func (cfg Config) checkRetry() error {
-	if cfg.MaxAttempts < 0 {
-		return fmt.Errorf("consumer: MaxAttempts is %d; use a positive number, or 0 for the default %d", cfg.MaxAttempts, DefaultMaxAttempts)
+// checkRetry refuses retry bounds that cannot work.
+func checkRetry(maxAttempts int, backoffMin, backoffMax time.Duration) error {
+	if maxAttempts < 0 {
+		return fmt.Errorf("consumer: MaxAttempts is %d; use a positive number, or 0 for the default %d", maxAttempts, DefaultMaxAttempts)
 	}
 	for _, f := range []struct {
 		name string
 		d    time.Duration
 	}{
-		{"BackoffMin", cfg.BackoffMin},
-		{"BackoffMax", cfg.BackoffMax},
-		{"ShutdownTimeout", cfg.ShutdownTimeout},
-		{"CommitInterval", cfg.CommitInterval},
+		{"BackoffMin", backoffMin},
+		{"BackoffMax", backoffMax},
 	} {
 		if f.d < 0 {
 			return fmt.Errorf("consumer: %s is %s; use a positive duration, or 0 for the default", f.name, f.d)
 		}
 	}
-	if cfg.BackoffMax < cfg.BackoffMin {
-		return fmt.Errorf("consumer: BackoffMax (%s) is below BackoffMin (%s)", cfg.BackoffMax, cfg.BackoffMin)
+	if backoffMax < backoffMin {
+		return fmt.Errorf("consumer: BackoffMax (%s) is below BackoffMin (%s)", backoffMax, backoffMin)
 	}
 	return nil
 }

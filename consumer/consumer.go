@@ -43,15 +43,13 @@ type Stats struct {
 // Consumer is a Kafka group consumer that applies each event's effects
 // once per consumer name. Create it with New and run it with Run.
 type Consumer struct {
-	cfg      Config
-	proc     *Processor
-	log      *slog.Logger
-	opts     []kgo.Opt // the group consumer's
-	dlqOpts  []kgo.Opt // the dead-letter producer's
-	handlers map[string]Handler
-	dflt     Handler
-	dlq      map[string]string
-	tracing  tracing
+	cfg     Config
+	disp    *Dispatcher // handlers, retries, spans
+	proc    *Processor
+	log     *slog.Logger
+	opts    []kgo.Opt // the group consumer's
+	dlqOpts []kgo.Opt // the dead-letter producer's
+	dlq     map[string]string
 
 	started atomic.Bool
 	client  *kgo.Client
@@ -69,7 +67,7 @@ type Consumer struct {
 	// from Run's context.
 	beforeCommit commithook.Func
 
-	records, deadLettered, deadLetterDropped, malformed, retries atomic.Int64
+	records, deadLettered, deadLetterDropped, malformed atomic.Int64
 }
 
 // New validates cfg and applies its defaults.
@@ -87,22 +85,24 @@ func New(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
+	disp, err := newDispatcher(proc, DispatcherConfig{Name: cfg.Name, Pool: cfg.Pool, Tables: cfg.Tables,
+		Handlers: cfg.Handlers, DefaultHandler: cfg.DefaultHandler, Middleware: cfg.Middleware,
+		MaxAttempts: cfg.MaxAttempts, BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax,
+		Logger: cfg.Logger, TracerProvider: cfg.TracerProvider, Propagator: cfg.Propagator})
+	if err != nil {
+		return nil, err
+	}
 
+	// The spans name the Kafka consumer group.
+	disp.tracing.group = cfg.Group
 	c := &Consumer{
 		cfg:         cfg,
+		disp:        disp,
 		proc:        proc,
 		log:         cfg.Logger.With("consumer", cfg.Name),
-		handlers:    make(map[string]Handler, len(cfg.Handlers)),
 		dlq:         dlq,
 		hurry:       make(chan struct{}, 1),
 		uncommitted: map[string]map[int32]*kgo.Record{},
-		tracing:     tracing{tracer: cfg.TracerProvider.Tracer(tracerName), prop: cfg.Propagator, group: cfg.Group},
-	}
-	for typ, h := range cfg.Handlers {
-		c.handlers[typ] = Chain(h, cfg.Middleware...)
-	}
-	if cfg.DefaultHandler != nil {
-		c.dflt = Chain(cfg.DefaultHandler, cfg.Middleware...)
 	}
 
 	if cfg.Client.Logger == nil {
@@ -171,7 +171,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettered:      c.deadLettered.Load(),
 		Malformed:         c.malformed.Load(),
 		DeadLetterDropped: c.deadLetterDropped.Load(),
-		Retries:           c.retries.Load(),
+		Retries:           c.disp.Stats().Retries,
 	}
 }
 
@@ -184,9 +184,7 @@ func (c *Consumer) pool() *pgxpool.Pool { return c.cfg.Pool }
 func (c *Consumer) decode(r *kgo.Record) item {
 	ev, bad := decode(r)
 	if bad == nil {
-		if _, ok := c.handlers[ev.Type]; !ok && c.dflt == nil {
-			bad = &malformed{fmt.Sprintf("no handler for event type %q and no default handler", ev.Type)}
-		}
+		bad = c.disp.route(ev)
 	}
 	return item{rec: r, ev: ev, bad: bad}
 }

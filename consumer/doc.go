@@ -10,6 +10,14 @@
 // ProcessBatchFunc gives their fresh events to one BatchHandler, which can
 // write all their effects in one statement.
 //
+// The Dispatcher is what every transport's consumer shares, on top of the
+// Processor: it decodes a Delivery (a message as any transport received
+// it) into an Event, routes it to its handler, retries a failing handler
+// with backoff, waits out a database outage, and returns a Verdict: Done
+// (acknowledge), DeadLetter (write it to the transport's dead-letter
+// place, then acknowledge) or Stopped (leave it for redelivery). The
+// consumers of the other sinks are built on it, and so is the Consumer.
+//
 // The Consumer runs the Processor behind a Kafka group consumer (franz-go):
 // it routes records to handlers by their event_type header, commits a
 // partition's offset only past records whose transaction committed, retries

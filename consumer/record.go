@@ -53,10 +53,14 @@ const (
 // broker's message size limit.
 const maxDLQErrorBytes = 4 << 10
 
-// malformed is why a record cannot be processed at all.
-type malformed struct{ reason string }
+// MalformedError says why a message cannot be processed at all: it is
+// dead-lettered at once, never retried.
+type MalformedError struct {
+	// Reason says what is wrong with the message, and what would be right.
+	Reason string
+}
 
-func (m *malformed) Error() string { return "malformed record: " + m.reason }
+func (m *MalformedError) Error() string { return "malformed record: " + m.Reason }
 
 // decode turns a record into an Event, or says why it is malformed.
 // Routing (an unknown type) is checked by the caller.
@@ -66,7 +70,7 @@ func (m *malformed) Error() string { return "malformed record: " + m.reason }
 // event's, so a second event_id or event_source can only come from another
 // producer (kcat, a hand-built record), and must not change the dedupe key.
 // Other repeated headers keep their last value.
-func decode(r *kgo.Record) (Event, *malformed) {
+func decode(r *kgo.Record) (Event, *MalformedError) {
 	ev := Event{
 		Headers:   make(map[string]string, len(r.Headers)),
 		Payload:   r.Value,
@@ -80,13 +84,20 @@ func decode(r *kgo.Record) (Event, *malformed) {
 		}
 		ev.Headers[h.Key] = string(h.Value)
 	}
+	return decodeEvent(ev, string(r.Key))
+}
+
+// decodeEvent completes ev from its Headers, its Payload and the
+// aggregate's key as carried, or says why it is malformed: the checks
+// every transport shares.
+func decodeEvent(ev Event, key string) (Event, *MalformedError) {
 	rawID, ok := ev.Headers[outbox.HeaderEventID]
 	if !ok {
-		return ev, &malformed{"no " + outbox.HeaderEventID + " header; records must come from the outbox relayer, or carry the outbox row id in it"}
+		return ev, &MalformedError{"no " + outbox.HeaderEventID + " header; records must come from the outbox relayer, or carry the outbox row id in it"}
 	}
 	id, err := parseEventID(rawID)
 	if err != nil {
-		return ev, &malformed{err.Error()}
+		return ev, &MalformedError{err.Error()}
 	}
 	ev.ID = id
 	ev.Type = ev.Headers[outbox.HeaderEventType]
@@ -98,19 +109,19 @@ func decode(r *kgo.Record) (Event, *malformed) {
 		{outbox.HeaderEventType, ev.Type},
 	} {
 		if why := pgtext.Invalid(h.value); why != "" {
-			return ev, &malformed{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, clip.Text(h.value, 64), why)}
+			return ev, &MalformedError{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, clip.Text(h.value, 64), why)}
 		}
 	}
-	if agg, err := uuid.ParseBytes(r.Key); err == nil {
+	if agg, err := uuid.Parse(key); err == nil {
 		ev.AggregateID = agg
 	}
-	if !json.Valid(r.Value) {
-		return ev, &malformed{fmt.Sprintf("payload of %d bytes is not valid JSON", len(r.Value))}
+	if !json.Valid(ev.Payload) {
+		return ev, &MalformedError{fmt.Sprintf("payload of %d bytes is not valid JSON", len(ev.Payload))}
 	}
 	// encoding/json accepts invalid UTF-8 inside strings; JSON text must
 	// be UTF-8 and a JSONB column refuses it.
-	if !utf8.Valid(r.Value) {
-		return ev, &malformed{fmt.Sprintf("payload of %d bytes is JSON but not valid UTF-8", len(r.Value))}
+	if !utf8.Valid(ev.Payload) {
+		return ev, &MalformedError{fmt.Sprintf("payload of %d bytes is JSON but not valid UTF-8", len(ev.Payload))}
 	}
 	return ev, nil
 }

@@ -236,7 +236,7 @@ func (c *Consumer) leave(ctx context.Context, cl *kgo.Client, runErr error) {
 type item struct {
 	rec *kgo.Record
 	ev  Event
-	bad *malformed
+	bad *MalformedError
 }
 
 // poll processes one poll's records, commits the offsets of what is done,
@@ -378,7 +378,7 @@ func (c *Consumer) partition(stop, work context.Context, items []item) int {
 			for k, it := range run {
 				evs[k] = it.ev
 			}
-			_, err := c.proc.ProcessBatch(work, evs, c.dispatch)
+			_, err := c.proc.ProcessBatch(work, evs, c.disp.handle)
 			if err == nil {
 				c.markDone(run[len(run)-1].rec)
 				i = j

@@ -2,10 +2,8 @@ package consumer
 
 import (
 	"context"
-	"runtime/debug"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -20,27 +18,11 @@ const tracerName = "github.com/pgoutbox/outbox/consumer"
 type tracing struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
-	group  string
-}
-
-// dispatch routes an event to its handler (decode has made sure one
-// exists) and runs it in a "process <topic>" span (kind consumer) whose
-// parent is the trace context the record carries: the span Emit ran in, so
-// producer and handler are one trace. The handler's ctx holds the span. A
-// panic is recovered here, as Recover does, so the span records it.
-func (c *Consumer) dispatch(ctx context.Context, tx pgx.Tx, ev Event) (err error) {
-	h, ok := c.handlers[ev.Type]
-	if !ok {
-		h = c.dflt
-	}
-	ctx, span := c.tracing.startProcess(ctx, ev)
-	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: debug.Stack()}
-		}
-		endProcess(span, err)
-	}()
-	return h(ctx, tx, ev)
+	// system is the messaging.system attribute; Kafka's spans also carry
+	// the partition, the offset and the key.
+	system string
+	// group is the consumer group (Kafka's) or the consumer's name.
+	group string
 }
 
 // startProcess starts the span of one handler call. When the tracer does
@@ -57,17 +39,19 @@ func (t tracing) startProcess(ctx context.Context, ev Event) (context.Context, t
 		return ctx, span
 	}
 	attrs := []attribute.KeyValue{
-		semconv.MessagingSystemKey.String("kafka"),
+		semconv.MessagingSystemKey.String(t.system),
 		semconv.MessagingOperationTypeKey.String("process"),
 		semconv.MessagingOperationNameKey.String("process"),
 		semconv.MessagingDestinationNameKey.String(ev.Topic),
-		semconv.MessagingDestinationPartitionIDKey.String(strconv.FormatInt(int64(ev.Partition), 10)),
-		semconv.MessagingKafkaOffsetKey.Int64(ev.Offset),
 		semconv.MessagingConsumerGroupNameKey.String(t.group),
 		semconv.MessagingMessageIDKey.String(strconv.FormatInt(ev.ID, 10)),
 	}
-	if ev.AggregateID != [16]byte{} {
-		attrs = append(attrs, semconv.MessagingKafkaMessageKeyKey.String(ev.AggregateID.String()))
+	if t.system == DefaultSystem {
+		attrs = append(attrs, semconv.MessagingDestinationPartitionIDKey.String(strconv.FormatInt(int64(ev.Partition), 10)),
+			semconv.MessagingKafkaOffsetKey.Int64(ev.Offset))
+		if ev.AggregateID != [16]byte{} {
+			attrs = append(attrs, semconv.MessagingKafkaMessageKeyKey.String(ev.AggregateID.String()))
+		}
 	}
 	span.SetAttributes(attrs...)
 	if producer.IsValid() {
