@@ -95,6 +95,7 @@ func TestConsumesWithExactlyOnceEffects(t *testing.T) {
 
 	rows, err := db.Pool.Query(ctx, `SELECT agg, event_id, n FROM effects ORDER BY seq`)
 	require.NoError(t, err)
+	defer rows.Close()
 	last := map[uuid.UUID]int64{}
 	for rows.Next() {
 		var agg uuid.UUID
