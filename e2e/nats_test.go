@@ -181,7 +181,7 @@ func TestNATSServerKilledMidDrain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{MaxConns: 12})
-	srv, js := natsSetup(t, jetstream.StreamConfig{})
+	srv, _ := natsSetup(t, jetstream.StreamConfig{})
 	committed := writers(t, ctx, db, 20_000, 500, 4, 100, 0)
 	p := start(t, natsRelayArgs(db, srv.URL(), "--batch-size", "200")...)
 	require.Eventually(t, func() bool { return pending(t, db) < 15_000 }, 60*time.Second, 20*time.Millisecond, "the relay should be draining")
@@ -192,7 +192,7 @@ func TestNATSServerKilledMidDrain(t *testing.T) {
 	require.Eventually(t, func() bool { return pending(t, db) == 0 }, 120*time.Second, 100*time.Millisecond, "outbox did not drain after the restart; relayer output:\n%s", p.out.String())
 	p.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, p.wait(t, 30*time.Second))
-	_, js = natstest.Connect(t, srv.URL())
+	_, js := natstest.Connect(t, srv.URL()) // a connection that never saw the server die
 	got := natsDelivered(t, js)
 	dups := verify(t, committed, got)
 	t.Logf("20,000 events, server killed with %d pending: %d duplicates", left, dups)
