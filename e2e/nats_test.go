@@ -22,6 +22,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/natstest"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/migrate"
+	"github.com/pgoutbox/outbox/relay/walrelay"
 	"github.com/pgoutbox/outbox/routing"
 )
 
@@ -258,4 +259,38 @@ func TestNATSReadBackWithNatsCLI(t *testing.T) {
 		require.Equal(t, want, got, "event %d's headers", id)
 		require.True(t, strings.HasPrefix(m.Header["~odd%20key"][0], "%20padded"), "the header NATS cannot carry travels escaped")
 	}
+}
+
+// `outbox relay --mode wal` publishes to NATS through the same --sink:
+// every committed event reaches the stream, in order per aggregate.
+func TestNATSWALRelay(t *testing.T) {
+	t.Parallel()
+	url := needLogical(t)
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 12, ServerURL: url})
+	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for ctx.Err() == nil && walrelay.Teardown(ctx, db.Pool, slot, slot) != nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	srv, js := natsSetup(t, jetstream.StreamConfig{})
+	p := start(t, natsRelayArgs(db, srv.URL(), "--mode", "wal", "--source", "wal", "--heartbeat-interval", "500ms")...)
+	require.Eventually(t, func() bool { return readSlot(t, db.Pool, slot).streaming() }, 30*time.Second, 20*time.Millisecond,
+		"the WAL relay never streamed; output:\n%s", p.out.String())
+	committed := writers(t, ctx, db, 5_000, 100, 4, 50, time.Second)
+	stored := func() int {
+		s, err := js.Stream(ctx, "EVENTS")
+		require.NoError(t, err)
+		info, err := s.Info(ctx)
+		require.NoError(t, err)
+		return int(info.State.Msgs)
+	}
+	require.Eventually(t, func() bool { return stored() >= 5_000 }, 120*time.Second, 100*time.Millisecond, "relayer output:\n%s", p.out.String())
+	p.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, p.wait(t, 30*time.Second))
+	dups := verify(t, committed, natsDelivered(t, js))
+	t.Logf("WAL relay to NATS: 5,000 events, %d duplicates", dups)
 }
