@@ -289,8 +289,18 @@ func noStreamError(subject string) error {
 }
 
 // send publishes the messages of msgs at idx, at most one per aggregate,
-// and waits for their acknowledgements, setting their results in errs.
+// and waits for their acknowledgements, setting their results in errs. It
+// keeps at most MaxInFlight unacknowledged, so that the client never
+// stalls a publish (which it fails after a short wait).
 func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
+	for len(idx) > p.cfg.MaxInFlight {
+		p.sendChunk(ctx, msgs, idx[:p.cfg.MaxInFlight], errs)
+		idx = idx[p.cfg.MaxInFlight:]
+	}
+	p.sendChunk(ctx, msgs, idx, errs)
+}
+
+func (p *Publisher) sendChunk(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
 	futures := make([]jetstream.PubAckFuture, len(idx))
 	for n, i := range idx {
 		if err := ctx.Err(); err != nil {

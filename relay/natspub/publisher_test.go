@@ -201,3 +201,18 @@ func padded(n int) string {
 	const head, tail = `{"pad": "`, `"}`
 	return head + strings.Repeat("x", n-len(head)-len(tail)) + tail
 }
+
+// A call with more aggregates than MaxInFlight sends them in chunks of
+// MaxInFlight: every chunk is sent and acknowledged.
+func TestMoreAggregatesThanInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, natspub.Config{MaxInFlight: 7}, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	var batch []relay.Message
+	for i := range 100 {
+		batch = append(batch, msg(int64(i+1), uuid.New(), "s.event", `{}`))
+	}
+	for i, err := range publish(t, b.pub, batch...) {
+		require.NoError(t, err, "message %d", i+1)
+	}
+	require.Len(t, ids(t, b.js, "S", ""), 100)
+}
