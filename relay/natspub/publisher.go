@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -217,51 +218,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		queues[m.AggregateID] = append(queues[m.AggregateID], i)
 		sent++
 	}
-	for len(order) > 0 {
-		var round []int
-		live := order[:0]
-		for _, agg := range order {
-			q := queues[agg]
-			round = append(round, q[0])
-			if len(q) > 1 {
-				queues[agg] = q[1:]
-				live = append(live, agg)
-			}
-		}
-		order = live
-		p.send(ctx, msgs, round, errs)
-		order = p.dropFailed(msgs, round, errs, order, queues)
-	}
+	p.chain(ctx, msgs, order, queues, errs)
 	if sent > 0 {
 		p.noteOutcome(caller, errs)
 	}
 	return errs
-}
-
-// dropFailed removes from order the aggregates whose message of round
-// failed, marking their queued messages not sent.
-func (p *Publisher) dropFailed(msgs []relay.Message, round []int, errs []error, order []uuid.UUID, queues map[uuid.UUID][]int) []uuid.UUID {
-	failed := map[uuid.UUID]bool{}
-	for _, i := range round {
-		if errs[i] != nil {
-			failed[msgs[i].AggregateID] = true
-		}
-	}
-	if len(failed) == 0 {
-		return order
-	}
-	live := order[:0]
-	for _, agg := range order {
-		if !failed[agg] {
-			live = append(live, agg)
-			continue
-		}
-		for _, i := range queues[agg] {
-			errs[i] = errNotSent
-		}
-		delete(queues, agg)
-	}
-	return live
 }
 
 // refuse returns the permanent error of a message the server would refuse
@@ -288,45 +249,82 @@ func noStreamError(subject string) error {
 		jetstream.ErrStreamNotFound, subject, subject)
 }
 
-// send publishes the messages of msgs at idx, at most one per aggregate,
-// and waits for their acknowledgements, setting their results in errs. It
-// keeps at most MaxInFlight unacknowledged, so that the client never
-// stalls a publish (which it fails after a short wait).
-func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
-	for len(idx) > p.cfg.MaxInFlight {
-		p.sendChunk(ctx, msgs, idx[:p.cfg.MaxInFlight], errs)
-		idx = idx[p.cfg.MaxInFlight:]
+// chain publishes the queued messages (queues: each aggregate's, in
+// order; order: the aggregates as they first appear) and sets their
+// results in errs. An aggregate's next message goes as soon as its
+// previous one is acknowledged, while other aggregates' are in flight; at
+// most MaxInFlight are unacknowledged at once, so that the client never
+// stalls a publish (which it fails after a short wait). After a failure,
+// the aggregate's later messages are not sent.
+func (p *Publisher) chain(ctx context.Context, msgs []relay.Message, order []uuid.UUID, queues map[uuid.UUID][]int, errs []error) {
+	results := make(chan ackResult, p.cfg.MaxInFlight)
+	ready := slices.Clone(order)
+	inflight := 0
+	settle := func(i int, err error) {
+		agg := msgs[i].AggregateID
+		errs[i] = err
+		rest := queues[agg][1:]
+		switch {
+		case err != nil:
+			for _, j := range rest {
+				errs[j] = errNotSent
+			}
+			delete(queues, agg)
+		case len(rest) == 0:
+			delete(queues, agg)
+		default:
+			queues[agg] = rest
+			ready = append(ready, agg)
+		}
 	}
-	p.sendChunk(ctx, msgs, idx, errs)
+	for len(ready) > 0 || inflight > 0 {
+		for len(ready) > 0 && inflight < p.cfg.MaxInFlight {
+			agg := ready[0]
+			ready = ready[1:]
+			i := queues[agg][0]
+			if err := p.publishOne(ctx, msgs, i, results); err != nil {
+				settle(i, err)
+				continue
+			}
+			inflight++
+		}
+		if inflight > 0 {
+			r := <-results
+			inflight--
+			settle(r.i, r.err)
+		}
+	}
 }
 
-func (p *Publisher) sendChunk(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
-	futures := make([]jetstream.PubAckFuture, len(idx))
-	for n, i := range idx {
-		if err := ctx.Err(); err != nil {
-			errs[i] = err
-			continue
-		}
-		f, err := p.js.PublishMsgAsync(p.message(&msgs[i]))
-		if err != nil {
-			errs[i] = p.classify(ctx, &msgs[i], err)
-			continue
-		}
-		futures[n] = f
+// ackResult is the outcome of the message at index i.
+type ackResult struct {
+	i   int
+	err error
+}
+
+// publishOne sends the message at i and reports its acknowledgement (or
+// why there is none) on results; it returns the error of a message it
+// could not send.
+func (p *Publisher) publishOne(ctx context.Context, msgs []relay.Message, i int, results chan<- ackResult) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	for n, i := range idx {
-		f := futures[n]
-		if f == nil {
-			continue
-		}
+	m := &msgs[i]
+	f, err := p.js.PublishMsgAsync(p.message(m))
+	if err != nil {
+		return p.classify(ctx, m, err)
+	}
+	go func() {
 		select {
 		case <-f.Ok():
+			results <- ackResult{i, nil}
 		case err := <-f.Err():
-			errs[i] = p.classify(ctx, &msgs[i], err)
+			results <- ackResult{i, p.classify(ctx, m, err)}
 		case <-ctx.Done():
-			errs[i] = fmt.Errorf("no acknowledgement from JetStream for subject %q: %w", msgs[i].Topic, ctx.Err())
+			results <- ackResult{i, fmt.Errorf("no acknowledgement from JetStream for subject %q: %w", m.Topic, ctx.Err())}
 		}
-	}
+	}()
+	return nil
 }
 
 // classify wraps the errors that retrying cannot fix with
