@@ -39,6 +39,9 @@ type consumeOptions struct {
 	quiet    bool
 	output   string // deprecated --output json|none
 	httpAddr string
+	// sinkURL is --sink: a transport other than Kafka on --brokers
+	// (consume_sink.go).
+	sinkURL string
 }
 
 func newConsumeCmd(g *globals) *cobra.Command {
@@ -85,12 +88,20 @@ SIGINT/SIGTERM finish the transaction in flight, commit offsets, leave the
 group and exit 0.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			u, open, err := o.sinkConsumer(c.Flags())
+			if err != nil {
+				return err
+			}
+			if open != nil {
+				return runSinkConsume(c.Context(), g, c.OutOrStdout(), &o, u, open)
+			}
 			return runConsume(c.Context(), g, c.OutOrStdout(), &o)
 		},
 	}
 	f := cmd.Flags()
 	g.addDBFlags(f)
 	o.kf.register(f)
+	f.StringVar(&o.sinkURL, "sink", "", "what to consume: a URL whose scheme picks the transport (kafka, "+consumeSchemeList()+"), e.g. redis://127.0.0.1:6379/0 or http://127.0.0.1:8080/outbox (a webhook endpoint to serve); default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.topics, "topics", "", "topics to read, comma-separated (the relay publishes type order.* to topic order, after its --topic-prefix); required")
 	f.StringVar(&o.cfg.Group, "group", "", `Kafka consumer group (default: --name, else "`+defaultConsumeName+`")`)
 	f.StringVar(&o.cfg.Name, "name", "", `consumer name recorded in the processed table: each name handles each event once (default: --group, else "`+defaultConsumeName+`")`)
@@ -173,12 +184,26 @@ func runConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOption
 // prepare checks and completes the flags' consumer configuration (topics,
 // names, the Kafka client) and returns the printer of the events.
 func (o *consumeOptions) prepare(out io.Writer, log *slog.Logger) (*eventPrinter, error) {
-	if o.cfg.BatchSize < 0 || o.cfg.Concurrency < 0 {
-		return nil, fmt.Errorf("--batch-size (%d) and --concurrency (%d): use a positive number, or 0 for the consumer's default", o.cfg.BatchSize, o.cfg.Concurrency)
+	p, err := o.prepareOutput(out)
+	if err != nil {
+		return nil, err
 	}
-	var err error
 	if o.cfg.Topics, err = parseTopics(o.topics); err != nil {
 		return nil, err
+	}
+	o.cfg.Name, o.cfg.Group = consumeNames(o.cfg.Name, o.cfg.Group)
+	if o.cfg.Client, err = o.kf.brokersConfig(log); err != nil {
+		return nil, err
+	}
+	o.cfg.Client.Logger = log.With("consumer", o.cfg.Name)
+	return p, nil
+}
+
+// prepareOutput checks the flags every transport shares (sizes, output,
+// --http) and returns the printer of the events.
+func (o *consumeOptions) prepareOutput(out io.Writer) (*eventPrinter, error) {
+	if o.cfg.BatchSize < 0 || o.cfg.Concurrency < 0 {
+		return nil, fmt.Errorf("--batch-size (%d) and --concurrency (%d): use a positive number, or 0 for the consumer's default", o.cfg.BatchSize, o.cfg.Concurrency)
 	}
 	format, err := consumeFormat(o.asJSON, o.quiet, o.output)
 	if err != nil {
@@ -189,11 +214,6 @@ func (o *consumeOptions) prepare(out io.Writer, log *slog.Logger) (*eventPrinter
 			return nil, err
 		}
 	}
-	o.cfg.Name, o.cfg.Group = consumeNames(o.cfg.Name, o.cfg.Group)
-	if o.cfg.Client, err = o.kf.brokersConfig(log); err != nil {
-		return nil, err
-	}
-	o.cfg.Client.Logger = log.With("consumer", o.cfg.Name)
 	return &eventPrinter{w: out, format: format}, nil
 }
 

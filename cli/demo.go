@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -10,8 +11,9 @@ import (
 
 func newDemoCmd(g *globals) *cobra.Command {
 	var (
-		kf  kafkaFlags
-		cfg demo.Config
+		kf      kafkaFlags
+		cfg     demo.Config
+		sinkURL string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -32,8 +34,19 @@ consumer group too (their names carry the schema's). --keep keeps them.`,
 			if err != nil {
 				return err
 			}
-			if cfg.Brokers, err = kf.optionalBrokersConfig(warnLog); err != nil {
+			if sinkURL != "" && c.Flags().Changed("brokers") {
+				return errors.New("--sink and --brokers both name the broker: give one (--sink kafka://host:port is --brokers)")
+			}
+			sink, cleanup, err := demoSink(sinkURL, &kf, warnLog)
+			defer cleanup()
+			if err != nil {
 				return err
+			}
+			cfg.Sink = sink
+			if sink == nil {
+				if cfg.Brokers, err = kf.optionalBrokersConfig(warnLog); err != nil {
+					return err
+				}
 			}
 			cfg.Out = g.stdout
 			cfg.Progress = true
@@ -59,6 +72,7 @@ consumer group too (their names carry the schema's). --keep keeps them.`,
 	f := cmd.Flags()
 	g.addURLFlag(f)
 	kf.register(f)
+	f.StringVar(&sinkURL, "sink", "", "run on this broker instead of Kafka: a URL as 'outbox relay --sink' takes (redis://127.0.0.1:6379/0, ...), or webhook (the demo serves the endpoint itself)")
 	f.IntVar(&cfg.Orders, "orders", 400, "orders to place")
 	f.IntVar(&cfg.Writers, "writers", 8, "concurrent writers")
 	f.IntVar(&cfg.DuplicateEvery, "duplicate-every", 10, "every Nth order reuses an order id and rolls back")

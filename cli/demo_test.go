@@ -39,3 +39,26 @@ func TestDemoCommandLogsItsDatabaseAndDeletesItsTopics(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, topics.Names())
 }
+
+// `outbox demo --sink` runs the same scenario and checks the same
+// invariants on another broker: Redis Streams on the machine's server (the
+// demo's streams deleted at the end), and a webhook endpoint the demo
+// serves itself.
+func TestDemoCommandOnOtherSinks(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, pgtest.EnsureDatabase(context.Background()))
+	for _, sink := range []string{"redis://127.0.0.1:6379/0", "webhook"} {
+		t.Run(sink, func(t *testing.T) {
+			t.Parallel()
+			code, out, stderr := outbox(t, "demo", "--database-url", pgtest.URL(), "--sink", sink, "--orders", "60", "--writers", "2", "--redeliver", "5")
+			require.Equal(t, 0, code, stderr+out)
+			require.Contains(t, out, "all invariants hold")
+			require.Regexp(t, `events consumed +54 +ok`, out)
+			require.Regexp(t, `duplicates skipped +5 +ok`, out)
+			require.NotContains(t, out, "warning:")
+		})
+	}
+	code, _, stderr := outbox(t, "demo", "--database-url", pgtest.URL(), "--sink", "kafka://127.0.0.1:1", "--brokers", "127.0.0.1:2")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--sink and --brokers both name the broker")
+}

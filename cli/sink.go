@@ -46,8 +46,13 @@ type sinkOpener func(ctx context.Context, u *url.URL, env sinkEnv) (openedSink, 
 // sinkSchemes maps a --sink URL's scheme to its opener. Kafka is reached
 // through --brokers (and the kafka scheme, for symmetry).
 var sinkSchemes = map[string]sinkOpener{
-	"kafka": openKafkaURL,
-	"nats":  openNATSURL,
+	"kafka":  openKafkaURL,
+	"nats":   openNATSURL,
+	"redis":  openRedisURL,
+	"rediss": openRedisURL,
+	"http":   openWebhookURL,
+	"https":  openWebhookURL,
+	"amqp":   openAMQPURL, "amqps": openAMQPURL,
 }
 
 // parseSinkURL parses --sink's value and finds its opener.

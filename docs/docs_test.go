@@ -1,5 +1,5 @@
 // Package docs_test checks the documentation against the code: every shell
-// command in README.md and docs/*.md names a real `outbox` command and real
+// command in README.md and docs/ (sinks included) names a real `outbox` command and real
 // flags, the quick ones run, and every relative link and #anchor resolves.
 package docs_test
 
@@ -58,11 +58,14 @@ func (c command) String() string { return strings.Join(c.args, " ") }
 
 func (b block) where() string { return fmt.Sprintf("%s:%d", b.page, b.line) }
 
-// pages reads README.md and docs/*.md.
+// pages reads README.md, BENCHMARKS.md, docs/*.md and docs/sinks/*.md.
 func pages(t *testing.T) []page {
 	t.Helper()
 	names := []string{"README.md", "BENCHMARKS.md"}
 	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	require.NoError(t, err)
+	sinks, err := filepath.Glob(filepath.Join(root, "docs", "sinks", "*.md"))
+	docs = append(docs, sinks...)
 	require.NoError(t, err)
 	for _, d := range docs {
 		rel, err := filepath.Rel(root, d)

@@ -30,7 +30,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgoutbox/outbox"
-	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/examples/orders/shop"
 	"github.com/pgoutbox/outbox/internal/pgident"
@@ -38,7 +37,6 @@ import (
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
-	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // Config configures a run. The zero value is a sensible demo.
@@ -50,6 +48,9 @@ type Config struct {
 	NoThrowaway bool
 	// Brokers; empty starts an in-process dev broker.
 	Brokers kafka.ClientConfig
+	// Sink, when set, is the broker instead of Kafka (Brokers is then
+	// not used).
+	Sink *Sink
 	// Orders to attempt. Defaults to 400.
 	Orders int
 	// Writers placing orders concurrently. Defaults to 8.
@@ -110,7 +111,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	for _, step := range []func(context.Context) error{
 		d.openDatabase,    // Postgres: the configured server, else a throwaway cluster
 		d.createSchema,    // a schema of its own, migrated, dropped at the end
-		d.openKafka,       // Kafka: the configured cluster, else a dev broker
+		d.openBroker,      // the Sink, else Kafka: the configured cluster, else a dev broker
 		d.startServices,   // two relayers and the loyalty consumer
 		d.placeOrders,     // concurrent writers, some rolled back
 		d.awaitDelivery,   // every committed order consumed
@@ -147,7 +148,7 @@ type demo struct {
 	g         *errgroup.Group
 	stopRun   context.CancelFunc
 	relayers  []*relay.Relayer
-	cons      *consumer.Consumer
+	cons      loyalty
 	tick      *time.Ticker
 	lagMu     sync.Mutex
 	lags      []time.Duration
@@ -295,11 +296,6 @@ func (d *demo) openKafka(ctx context.Context) error {
 			fmt.Fprintf(d.out, "deleted the demo's consumer group %s\n", group)
 		})
 	}
-	producer, err := outbox.NewProducer(outbox.Config{Tables: d.tables, TopicPrefix: d.prefix})
-	if err != nil {
-		return err
-	}
-	d.producer = producer
 	fmt.Fprintf(d.out, "database %s, schema %s\nbroker   %s\n", d.rep.Database, d.rep.Schema, d.rep.Broker)
 	// Create the topics up front, as an operator would, so the first
 	// batch's latency is not the broker creating a topic.
@@ -320,15 +316,26 @@ func (d *demo) startServices(ctx context.Context) error {
 	d.stopRun = stopRun
 	g, gctx := errgroup.WithContext(runCtx)
 	d.g, d.gctx = g, gctx
-	schema := d.rep.Schema
+	// The consumer first: a webhook endpoint must listen before the
+	// relayers send to it.
+	cons, err := d.newLoyalty(ctx)
+	if err != nil {
+		return err
+	}
+	d.cons = cons
+	g.Go(func() error { return cons.Run(gctx) })
 	for i := range 2 {
-		client, err := kafkapub.NewPublisherClient(d.kcfg)
+		sink, err := d.newSink(ctx)
 		if err != nil {
 			return err
 		}
-		d.deferred(client.Close)
+		if i == 0 {
+			if err := d.newProducer(sink); err != nil {
+				return err
+			}
+		}
 		r, err := relay.New(relay.Config{
-			Common: relay.Common{Pool: d.pool, Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{Source: schema}), Tables: d.tables, TopicPrefix: d.prefix, Logger: d.cfg.Logger.With("relayer", i+1),
+			Common: relay.Common{Pool: d.pool, Sink: sink, Tables: d.tables, TopicPrefix: d.prefix, Logger: d.cfg.Logger.With("relayer", i+1),
 				Hooks: []relay.Hook{lagHook{d}}},
 			PollInterval: 200 * time.Millisecond,
 		})
@@ -338,16 +345,6 @@ func (d *demo) startServices(ctx context.Context) error {
 		d.relayers = append(d.relayers, r)
 		g.Go(func() error { return r.Run(gctx) })
 	}
-	cons, err := consumer.New(consumer.Config{
-		Name: d.consumerName(), Pool: d.pool, Tables: d.tables,
-		Client: d.kcfg, Topics: []string{d.prefix + shop.Topic},
-		Handlers: shop.Handlers(), Logger: d.cfg.Logger.With("consumer", shop.LoyaltyConsumer),
-	})
-	if err != nil {
-		return err
-	}
-	d.cons = cons
-	g.Go(func() error { return cons.Run(gctx) })
 	return nil
 }
 
@@ -365,9 +362,9 @@ func (d *demo) progress(phase string) {
 	if !d.cfg.Progress {
 		return
 	}
-	s := d.cons.Stats()
+	s := d.cons.counts()
 	line := fmt.Sprintf("%-12s orders %d/%d (%d rolled back)  published %d  consumed %d  duplicates %d",
-		phase, d.attempted.Load(), d.cfg.Orders, d.rolledBack.Load(), d.published(), s.Processed, s.Duplicates)
+		phase, d.attempted.Load(), d.cfg.Orders, d.rolledBack.Load(), d.published(), s.processed, s.duplicates)
 	if isTerminal(d.out) {
 		fmt.Fprintf(d.out, "\r%s   ", line)
 	} else if time.Since(d.lastLine) >= time.Second {
@@ -465,7 +462,7 @@ func (d *demo) waitFor(ctx context.Context, phase string, cond func() bool) erro
 // awaitDelivery waits until the consumer has processed every committed
 // order's event.
 func (d *demo) awaitDelivery(ctx context.Context) error {
-	return d.waitFor(ctx, "delivering", func() bool { return d.cons.Stats().Processed >= d.rep.OrdersCommitted })
+	return d.waitFor(ctx, "delivering", func() bool { return d.cons.counts().processed >= d.rep.OrdersCommitted })
 }
 
 // redeliver forces a redelivery, as a relayer crash between publish and
@@ -478,8 +475,8 @@ func (d *demo) redeliver(ctx context.Context) error {
 		return fmt.Errorf("force redelivery: %w", err)
 	}
 	d.rep.Redelivered = tag.RowsAffected()
-	before := d.cons.Stats().Duplicates
-	if err := d.waitFor(ctx, "redelivering", func() bool { return d.cons.Stats().Duplicates-before >= d.rep.Redelivered }); err != nil {
+	before := d.cons.counts().duplicates
+	if err := d.waitFor(ctx, "redelivering", func() bool { return d.cons.counts().duplicates-before >= d.rep.Redelivered }); err != nil {
 		return err
 	}
 	// Let stragglers (a record published twice by the at-least-once path)
@@ -504,8 +501,8 @@ func (d *demo) stopServices(context.Context) error {
 // broken invariant in its Failures.
 func (d *demo) checkInvariants(ctx context.Context) error {
 	rep := &d.rep
-	s := d.cons.Stats()
-	rep.Published, rep.Consumed, rep.DuplicatesSkipped, rep.DeadLetters = d.published(), s.Processed, s.Duplicates, s.DeadLettered
+	s := d.cons.counts()
+	rep.Published, rep.Consumed, rep.DuplicatesSkipped, rep.DeadLetters = d.published(), s.processed, s.duplicates, s.deadLettered
 	if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+d.tables.OutboxIdent()).Scan(&rep.EventsInOutbox); err != nil {
 		return err
 	}
