@@ -60,6 +60,7 @@ var consumeSchemes = map[string]consumeOpener{
 	"redis":  consumeRedis,
 	"rediss": consumeRedis,
 	"http":   consumeWebhook,
+	"nats":   consumeNATS,
 }
 
 // kafkaOnlyConsumeFlags are consume's flags only the Kafka consumer reads.

@@ -34,9 +34,15 @@ type natsSinkConfig struct {
 	pub     natspub.Config
 }
 
-// parseNATSURL reads nats://host:port[,host:port...][?setting=value...].
-func parseNATSURL(u *url.URL, getenv func(string) string) (natsSinkConfig, error) {
+// natsConsumeQuery are the settings only `outbox consume --sink nats://`
+// takes.
+var natsConsumeQuery = []string{"stream"}
+
+// parseNATSURL reads nats://host:port[,host:port...][?setting=value...];
+// extra are settings the caller reads itself.
+func parseNATSURL(u *url.URL, getenv func(string) string, extra ...string) (natsSinkConfig, error) {
 	var c natsSinkConfig
+	known := append(slices.Clone(natsQuery), extra...)
 	if u.User != nil {
 		return c, fmt.Errorf("--sink nats://...: put no user or password in the URL (it shows in process listings); set %s and %s, or %s, or ?creds=FILE", envNATSUser, envNATSPassword, envNATSToken)
 	}
@@ -48,8 +54,8 @@ func parseNATSURL(u *url.URL, getenv func(string) string) (natsSinkConfig, error
 	}
 	q := u.Query()
 	for k := range q {
-		if !slices.Contains(natsQuery, k) {
-			return c, fmt.Errorf("--sink nats://...?%s=: unknown setting; use %s", k, strings.Join(natsQuery, ", "))
+		if !slices.Contains(known, k) {
+			return c, fmt.Errorf("--sink nats://...?%s=: unknown setting; use %s", k, strings.Join(known, ", "))
 		}
 	}
 	for _, n := range []struct {

@@ -172,12 +172,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.disp.Check(ctx); err != nil {
 		return err
 	}
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, jetstream.ConsumerConfig{
+	cc := jetstream.ConsumerConfig{
 		Durable: c.cfg.Durable, AckPolicy: jetstream.AckExplicitPolicy, AckWait: c.cfg.AckWait,
-		FilterSubjects: c.cfg.FilterSubjects, MaxAckPending: 64 * c.cfg.Workers,
+		MaxAckPending: 64 * c.cfg.Workers,
 		// Redeliveries are this consumer's to decide: it dead-letters.
 		MaxDeliver: -1,
-	})
+	}
+	if len(c.cfg.FilterSubjects) == 1 {
+		// One filter in the form every server version takes (several
+		// need nats-server 2.10).
+		cc.FilterSubject = c.cfg.FilterSubjects[0]
+	} else {
+		cc.FilterSubjects = c.cfg.FilterSubjects
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cons, err := c.js.CreateOrUpdateConsumer(cctx, c.cfg.Stream, cc)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("natsconsumer: durable consumer %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
 	}
@@ -198,9 +208,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("natsconsumer: %w", err)
 	}
 	go func() { <-ctx.Done(); msgs.Stop() }()
+	c.log.Info("consuming", "durable", c.cfg.Durable, "filter_subjects", c.cfg.FilterSubjects)
 	for {
 		m, err := msgs.Next()
 		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("stopped receiving", "err", err)
+			}
 			break // stopped (or the connection closed)
 		}
 		select {
