@@ -62,6 +62,7 @@ var consumeSchemes = map[string]consumeOpener{
 	"http":   consumeWebhook,
 	"amqp":   consumeAMQP,
 	"amqps":  consumeAMQP,
+	"nats":   consumeNATS,
 }
 
 // kafkaOnlyConsumeFlags are consume's flags only the Kafka consumer reads.

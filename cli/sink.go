@@ -47,6 +47,7 @@ type sinkOpener func(ctx context.Context, u *url.URL, env sinkEnv) (openedSink, 
 // through --brokers (and the kafka scheme, for symmetry).
 var sinkSchemes = map[string]sinkOpener{
 	"kafka":  openKafkaURL,
+	"nats":   openNATSURL,
 	"redis":  openRedisURL,
 	"rediss": openRedisURL,
 	"http":   openWebhookURL,

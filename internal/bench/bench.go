@@ -155,6 +155,7 @@ func Scenarios() []Scenario {
 		{"scale", "claim time and relay throughput with 0, 1M and 10M dispatched rows in the table", true, runScale},
 		{"consumer", "idempotent processing throughput, single and batched", true, runConsumer},
 		{"wal", "polling relay vs WAL source vs pg_recvlogical on a wal_level=logical cluster: drain, latency, business tx/s per emit mode while relaying, WAL bytes and cleanup per event", false, runWAL},
+		{"nats", "drain to NATS JetStream vs nats.go publishing the same messages, and commit-to-ack latency at 1,000 events/s (server: OUTBOX_BENCH_NATS_URL, default nats://127.0.0.1:4222)", false, runNATS},
 		{"webhook", "drain to a loopback webhook endpoint vs net/http alone, and commit-to-2xx latency at 1,000 events/s", false, runWebhook},
 		{"amqp", "RabbitMQ: drain through amqppub vs amqp091-go alone with the same durability, and commit-to-confirm latency at 1,000 events/s", false, runAMQP},
 		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them, and of an `outbox relay --mode wal` process streaming 1M events (with its slot lag)", true, runMemory},
