@@ -49,3 +49,46 @@ func consumeNATS(_ context.Context, u *url.URL, env consumeEnv) (openedConsumer,
 		return nil
 	}}, nil
 }
+
+// natsDemoStream creates the demo's stream, capturing its topic's
+// subjects (prefix + "order.>"), and returns its name.
+func natsDemoStream(ctx context.Context, u *url.URL, prefix string) (string, error) {
+	js, closeConn, err := natsJetStream(u)
+	if err != nil {
+		return "", err
+	}
+	defer closeConn()
+	name := strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(strings.TrimSuffix(prefix, ".")))
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{prefix + "order.>"}}); err != nil {
+		return "", fmt.Errorf("create NATS stream %s: %s", name, oneLine(err.Error()))
+	}
+	return name, nil
+}
+
+// natsDeleteStream deletes the demo's stream.
+func natsDeleteStream(ctx context.Context, u *url.URL, name string) error {
+	js, closeConn, err := natsJetStream(u)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	return js.DeleteStream(ctx, name)
+}
+
+// natsJetStream connects to the server a nats:// URL names.
+func natsJetStream(u *url.URL) (jetstream.JetStream, func(), error) {
+	c, err := parseNATSURL(u, os.Getenv, natsConsumeQuery...)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc, err := nats.Connect(strings.Join(c.servers, ","), c.opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot reach NATS at %s: %s", u.Redacted(), oneLine(err.Error()))
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, nc.Close, nil
+}

@@ -55,6 +55,8 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 	}
 	reads := scheme != "http" // a webhook endpoint is sent to
 	isAMQP := scheme == "amqp" || scheme == "amqps"
+	isNATS := scheme == "nats"
+	var natsStream string // the demo's stream, once Consume made it
 	s = &demo.Sink{
 		Name: strings.SplitN(u.Redacted(), "?", 2)[0],
 		Open: func(ctx context.Context, source string) (relay.Sink, func(), error) {
@@ -70,7 +72,18 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 		},
 		Consume: func(ctx context.Context, disp consumer.DispatcherConfig, prefix, topic string) (demo.Consumer, func(), error) {
 			env := consumeEnv{log: log, disp: disp, group: disp.Name}
+			cu := u
 			switch {
+			case isNATS:
+				// A stream of the demo's own, for its topic's subjects.
+				if natsStream, err = natsDemoStream(ctx, u, prefix); err != nil {
+					return nil, nil, err
+				}
+				c := *u
+				q := c.Query()
+				q.Set("stream", natsStream)
+				c.RawQuery = q.Encode()
+				cu = &c
 			case isAMQP:
 				// A queue of the demo's own, bound for its topic's types.
 				if err := amqpDemoQueue(u, prefix, prefix+"loyalty"); err != nil {
@@ -80,7 +93,7 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 			case reads:
 				env.topics = []string{topic}
 			}
-			c, err := openConsumer(ctx, u, env)
+			c, err := openConsumer(ctx, cu, env)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -96,6 +109,14 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 		s.Remove = func(ctx context.Context, _, topic string) error { return removeRedisStreams(ctx, u, topic) }
 	case isAMQP:
 		s.Remove = func(_ context.Context, prefix, _ string) error { return amqpDeleteQueues(u, prefix+"loyalty") }
+	case isNATS:
+		s.Dedupes = true // Nats-Msg-Id, within the stream's duplicate window
+		s.Remove = func(ctx context.Context, _, _ string) error {
+			if natsStream == "" {
+				return nil
+			}
+			return natsDeleteStream(ctx, u, natsStream)
+		}
 	}
 	return s, cleanup, nil
 }

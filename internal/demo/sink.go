@@ -28,6 +28,11 @@ type Sink struct {
 	// Remove, when set, deletes what the run left on the server for its
 	// prefix and topic (streams, queues); KeepSchema keeps them.
 	Remove func(ctx context.Context, prefix, topic string) error
+	// Dedupes says the server drops a message published again under the
+	// same id (NATS JetStream's Nats-Msg-Id, within its window): the
+	// forced redeliveries then never reach the consumer, and the run
+	// checks that they were published and applied no second time.
+	Dedupes bool
 }
 
 // Consumer is the loyalty consumer on a Sink's transport.
