@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -178,8 +177,6 @@ func (c *Consumer) Stats() Stats {
 // Processor returns the processing core the consumer runs on, for
 // processing events that arrive some other way under the same name.
 func (c *Consumer) Processor() *Processor { return c.proc }
-
-func (c *Consumer) pool() *pgxpool.Pool { return c.cfg.Pool }
 
 func (c *Consumer) decode(r *kgo.Record) item {
 	ev, bad := decode(r)

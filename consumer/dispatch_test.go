@@ -178,7 +178,7 @@ func TestDispatchSpanNamesTheSystem(t *testing.T) {
 	require.Equal(t, "process orders.placed", ended[0].Name())
 	attrs := map[attribute.Key]string{}
 	for _, a := range ended[0].Attributes() {
-		attrs[a.Key] = a.Value.Emit()
+		attrs[a.Key] = a.Value.String()
 	}
 	require.Equal(t, "nats", attrs["messaging.system"])
 	require.Equal(t, "9", attrs["messaging.message.id"])
