@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -61,11 +60,8 @@ type Publisher struct {
 	limits *topicLimits
 	log    *slog.Logger
 
-	mu sync.Mutex
-	// failing is the error of the last publish that ended in an error a
-	// retry may fix, since failingSince; nil once a publish went through.
-	failing      error
-	failingSince time.Time
+	// health is the last publishes' outcome, for Ready.
+	health relay.PublishHealth
 }
 
 // NewPublisher wraps client. On a client from NewPublisherClient, produce
@@ -284,26 +280,11 @@ func (p *Publisher) recreated(ctx context.Context, msgs []relay.Message, idx []i
 // any error a retry may fix marks the publisher failing; a publish with
 // every record acknowledged clears it.
 func (p *Publisher) noteOutcome(ctx context.Context, idx []int, errs []error) {
-	if len(idx) == 0 || ctx.Err() != nil {
-		return
+	sub := make([]error, len(idx))
+	for k, i := range idx {
+		sub[k] = errs[i]
 	}
-	var transient error
-	for _, i := range idx {
-		if err := errs[i]; err != nil && !relay.IsPermanent(err) && !errors.Is(err, errNotSent) {
-			transient = err
-			break
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case transient == nil:
-		p.failing = nil
-	case p.failing == nil:
-		p.failing, p.failingSince = transient, time.Now()
-	default:
-		p.failing = transient
-	}
+	p.health.Note(ctx, sub, errNotSent)
 }
 
 // Ready returns nil when the publisher can produce: its last publish did
@@ -312,11 +293,8 @@ func (p *Publisher) noteOutcome(ctx context.Context, idx []int, errs []error) {
 // a ping. It is what the relay's /readyz asks the broker, so that a broker
 // that answers metadata requests but takes no records does not pass.
 func (p *Publisher) Ready(ctx context.Context) error {
-	p.mu.Lock()
-	failing, since := p.failing, p.failingSince
-	p.mu.Unlock()
-	if failing != nil {
-		return fmt.Errorf("publishing has failed since %s (%s): %w", since.UTC().Format(time.RFC3339), time.Since(since).Round(time.Second), failing)
+	if err := p.health.Err(); err != nil {
+		return err
 	}
 	return p.client.Ping(ctx)
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -114,9 +113,8 @@ type Publisher struct {
 	cfg    Config
 	limits *limits
 
-	mu           sync.Mutex
-	failing      error
-	failingSince time.Time
+	// health is the last publishes' outcome, for Ready.
+	health relay.PublishHealth
 }
 
 var (
@@ -347,37 +345,15 @@ func (p *Publisher) classify(ctx context.Context, m *relay.Message, err error) e
 
 // noteOutcome records whether the last publish went through, for Ready.
 func (p *Publisher) noteOutcome(ctx context.Context, errs []error) {
-	if ctx.Err() != nil {
-		return
-	}
-	var transient error
-	for _, err := range errs {
-		if err != nil && !relay.IsPermanent(err) && !errors.Is(err, errNotSent) {
-			transient = err
-			break
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case transient == nil:
-		p.failing = nil
-	case p.failing == nil:
-		p.failing, p.failingSince = transient, time.Now()
-	default:
-		p.failing = transient
-	}
+	p.health.Note(ctx, errs, errNotSent)
 }
 
 // Ready returns nil when the publisher can publish: its last publish did
 // not end in an error a retry may fix, the connection is up, and
 // JetStream answers for the account.
 func (p *Publisher) Ready(ctx context.Context) error {
-	p.mu.Lock()
-	failing, since := p.failing, p.failingSince
-	p.mu.Unlock()
-	if failing != nil {
-		return fmt.Errorf("publishing has failed since %s (%s): %w", since.UTC().Format(time.RFC3339), time.Since(since).Round(time.Second), failing)
+	if err := p.health.Err(); err != nil {
+		return err
 	}
 	if s := p.nc.Status(); s != nats.CONNECTED {
 		return fmt.Errorf("NATS connection is %s", s)

@@ -2,11 +2,9 @@ package redispub
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -111,11 +109,8 @@ type Publisher struct {
 	cfg    Config
 	script *redis.Script
 
-	mu sync.Mutex
-	// failing is the error of the last publish that ended in an error a
-	// retry may fix, since failingSince; nil once a publish went through.
-	failing      error
-	failingSince time.Time
+	// health is the last publishes' outcome, for Ready.
+	health relay.PublishHealth
 }
 
 // New returns a Publisher on client, with cfg's defaults applied; it
@@ -168,11 +163,8 @@ func (p *Publisher) MessagingSystem() string { return "redis" }
 // server at maxmemory answers PING and refuses every XADD: /readyz must
 // not pass then.
 func (p *Publisher) Ready(ctx context.Context) error {
-	p.mu.Lock()
-	failing, since := p.failing, p.failingSince
-	p.mu.Unlock()
-	if failing != nil {
-		return fmt.Errorf("publishing has failed since %s (%s): %w", since.UTC().Format(time.RFC3339), time.Since(since).Round(time.Second), failing)
+	if err := p.health.Err(); err != nil {
+		return err
 	}
 	return p.client.Ping(ctx).Err()
 }
@@ -181,26 +173,7 @@ func (p *Publisher) Ready(ctx context.Context) error {
 // error a retry may fix marks the publisher failing, a publish with every
 // sent message acknowledged clears it.
 func (p *Publisher) noteOutcome(ctx context.Context, errs []error) {
-	if ctx.Err() != nil || len(errs) == 0 {
-		return
-	}
-	var transient error
-	for _, err := range errs {
-		if err != nil && !relay.IsPermanent(err) && !errors.Is(err, errNotSent) {
-			transient = err
-			break
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case transient == nil:
-		p.failing = nil
-	case p.failing == nil:
-		p.failing, p.failingSince = transient, time.Now()
-	default:
-		p.failing = transient
-	}
+	p.health.Note(ctx, errs, errNotSent)
 }
 
 // Routing is routing.Redis for topicPrefix with the Publisher's MaxBytes:

@@ -33,10 +33,8 @@ type Publisher struct {
 	// slots bounds the requests in flight per endpoint URL.
 	mu    sync.Mutex
 	slots map[string]chan struct{}
-	// failing is the error of the last publish that ended in an error a
-	// retry may fix, since failingSince; nil once a publish went through.
-	failing      error
-	failingSince time.Time
+	// health is the last publishes' outcome, for Ready.
+	health relay.PublishHealth
 }
 
 // New checks cfg (Validate, after WithDefaults) and builds a Publisher.
@@ -162,26 +160,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 // an endpoint did not take although it may (it failed for the whole
 // delivery timeout).
 func (p *Publisher) noteOutcome(ctx context.Context, errs []error) {
-	if len(errs) == 0 || ctx.Err() != nil {
-		return
-	}
-	var transient error
-	for _, err := range errs {
-		if err != nil && !relay.IsPermanent(err) && !errors.Is(err, errNotSent) {
-			transient = err
-			break
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch {
-	case transient == nil:
-		p.failing = nil
-	case p.failing == nil:
-		p.failing, p.failingSince = transient, time.Now()
-	default:
-		p.failing = transient
-	}
+	p.health.Note(ctx, errs, errNotSent)
 }
 
 // Ready returns nil when the last publish did not end in an error a retry
@@ -189,11 +168,8 @@ func (p *Publisher) noteOutcome(ctx context.Context, errs []error) {
 // timeout) and every endpoint can be connected to (Ping): what the relay's
 // /readyz asks.
 func (p *Publisher) Ready(ctx context.Context) error {
-	p.mu.Lock()
-	failing, since := p.failing, p.failingSince
-	p.mu.Unlock()
-	if failing != nil {
-		return fmt.Errorf("publishing has failed since %s (%s): %w", since.UTC().Format(time.RFC3339), time.Since(since).Round(time.Second), failing)
+	if err := p.health.Err(); err != nil {
+		return err
 	}
 	return p.Ping(ctx)
 }
