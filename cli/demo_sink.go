@@ -53,72 +53,87 @@ func demoSink(raw string, k *kafkaFlags, log *slog.Logger) (s *demo.Sink, cleanu
 	if !ok {
 		return nil, cleanup, fmt.Errorf("--sink %s: the demo needs a consumer for it, and `outbox consume` has none for %s; use %s, or --sink webhook", u.Redacted(), scheme, consumeSchemeList())
 	}
-	reads := scheme != "http" // a webhook endpoint is sent to
-	isAMQP := scheme == "amqp" || scheme == "amqps"
-	isNATS := scheme == "nats"
-	var natsStream string // the demo's stream, once Consume made it
-	s = &demo.Sink{
-		Name: strings.SplitN(u.Redacted(), "?", 2)[0],
-		Open: func(ctx context.Context, source string) (relay.Sink, func(), error) {
-			o, err := openSink(ctx, u, sinkEnv{log: log, source: source, deliver: 10 * time.Second})
-			if err != nil {
-				return nil, nil, err
-			}
-			if err := pingWithin(ctx, o.ping, 10*time.Second); err != nil {
-				o.close()
-				return nil, nil, err
-			}
-			return o.sink, o.close, nil
-		},
-		Consume: func(ctx context.Context, disp consumer.DispatcherConfig, prefix, topic string) (demo.Consumer, func(), error) {
-			env := consumeEnv{log: log, disp: disp, group: disp.Name}
-			cu := u
-			switch {
-			case isNATS:
-				// A stream of the demo's own, for its topic's subjects.
-				if natsStream, err = natsDemoStream(ctx, u, prefix); err != nil {
-					return nil, nil, err
-				}
-				c := *u
-				q := c.Query()
-				q.Set("stream", natsStream)
-				c.RawQuery = q.Encode()
-				cu = &c
-			case isAMQP:
-				// A queue of the demo's own, bound for its topic's types.
-				if err := amqpDemoQueue(u, prefix, prefix+"loyalty"); err != nil {
-					return nil, nil, err
-				}
-				env.topics = []string{prefix + "loyalty"}
-			case reads:
-				env.topics = []string{topic}
-			}
-			c, err := openConsumer(ctx, cu, env)
-			if err != nil {
-				return nil, nil, err
-			}
-			if err := c.ping(ctx); err != nil {
-				c.close()
-				return nil, nil, err
-			}
-			return c.run, c.close, nil
-		},
-	}
-	switch {
-	case scheme == "redis" || scheme == "rediss":
-		s.Remove = func(ctx context.Context, _, topic string) error { return removeRedisStreams(ctx, u, topic) }
-	case isAMQP:
-		s.Remove = func(_ context.Context, prefix, _ string) error { return amqpDeleteQueues(u, prefix+"loyalty") }
-	case isNATS:
-		s.Dedupes = true // Nats-Msg-Id, within the stream's duplicate window
-		s.Remove = func(ctx context.Context, _, _ string) error {
-			if natsStream == "" {
-				return nil
-			}
-			return natsDeleteStream(ctx, u, natsStream)
-		}
+	t := &demoTransport{u: u, scheme: scheme, log: log, openSink: openSink, openConsumer: openConsumer}
+	s = &demo.Sink{Name: strings.SplitN(u.Redacted(), "?", 2)[0], Open: t.open, Consume: t.consume,
+		Dedupes: scheme == "nats"} // Nats-Msg-Id, within the stream's duplicate window
+	if scheme != "http" {
+		s.Remove = t.remove
 	}
 	return s, cleanup, nil
+}
+
+// demoTransport opens the demo's relayers and consumer on one --sink,
+// with what the server needs first: a stream on NATS, a bound queue on
+// RabbitMQ (both the demo's own, removed at the end).
+type demoTransport struct {
+	u            *url.URL
+	scheme       string
+	log          *slog.Logger
+	openSink     sinkOpener
+	openConsumer consumeOpener
+	natsStream   string // the demo's stream, once consume made it
+}
+
+func (t *demoTransport) isAMQP() bool { return t.scheme == "amqp" || t.scheme == "amqps" }
+
+func (t *demoTransport) open(ctx context.Context, source string) (relay.Sink, func(), error) {
+	o, err := t.openSink(ctx, t.u, sinkEnv{log: t.log, source: source, deliver: 10 * time.Second})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := pingWithin(ctx, o.ping, 10*time.Second); err != nil {
+		o.close()
+		return nil, nil, err
+	}
+	return o.sink, o.close, nil
+}
+
+func (t *demoTransport) consume(ctx context.Context, disp consumer.DispatcherConfig, prefix, topic string) (demo.Consumer, func(), error) {
+	env := consumeEnv{log: t.log, disp: disp, group: disp.Name}
+	cu := t.u
+	var err error
+	switch {
+	case t.scheme == "nats":
+		// A stream of the demo's own, for its topic's subjects.
+		if t.natsStream, err = natsDemoStream(ctx, t.u, prefix); err != nil {
+			return nil, nil, err
+		}
+		c := *t.u
+		q := c.Query()
+		q.Set("stream", t.natsStream)
+		c.RawQuery = q.Encode()
+		cu = &c
+	case t.isAMQP():
+		// A queue of the demo's own, bound for its topic's types.
+		if err := amqpDemoQueue(t.u, prefix, prefix+"loyalty"); err != nil {
+			return nil, nil, err
+		}
+		env.topics = []string{prefix + "loyalty"}
+	case t.scheme != "http": // a webhook endpoint is sent to
+		env.topics = []string{topic}
+	}
+	c, err := t.openConsumer(ctx, cu, env)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := c.ping(ctx); err != nil {
+		c.close()
+		return nil, nil, err
+	}
+	return c.run, c.close, nil
+}
+
+// remove deletes the streams or queues the run made or filled.
+func (t *demoTransport) remove(ctx context.Context, prefix, topic string) error {
+	switch {
+	case t.scheme == "redis" || t.scheme == "rediss":
+		return removeRedisStreams(ctx, t.u, topic)
+	case t.isAMQP():
+		return amqpDeleteQueues(t.u, prefix+"loyalty")
+	case t.scheme == "nats" && t.natsStream != "":
+		return natsDeleteStream(ctx, t.u, t.natsStream)
+	}
+	return nil
 }
 
 // pingWithin retries ping until it succeeds or d has passed: the demo's
