@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +22,7 @@ import (
 // dlqOptions are the flags of `outbox dlq list` and `outbox dlq replay`.
 type dlqOptions struct {
 	kf       kafkaFlags
+	sinkURL  string
 	dest     string
 	filter   dlq.Filter
 	ids      []string
@@ -52,7 +55,8 @@ per-aggregate order does not hold for a replayed event.`,
 func (o *dlqOptions) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	o.kf.register(f)
-	f.StringVar(&o.dest, "topic", "", "the dead-letter topic, e.g. order.dlq (required)")
+	f.StringVar(&o.sinkURL, "sink", "", "the broker, as 'outbox consume --sink' takes it ("+dlqSchemeList()+"); default: Kafka on --brokers")
+	f.StringVar(&o.dest, "topic", "", "the dead-letter destination: a Kafka topic (order.dlq), a Redis stream (order:dlq), a RabbitMQ queue (billing.dlq), a NATS stream (required)")
 	f.StringVar(&o.filter.Consumer, "consumer", "", "only the dead letters of this consumer name")
 	f.StringSliceVar(&o.ids, "event-id", nil, "only these events (comma-separated ids, or the flag repeated)")
 	durationVar(f, &o.timeout, "timeout", 30*time.Second, "give up reading the dead letters after this long")
@@ -117,11 +121,7 @@ func runDLQ(ctx context.Context, g *globals, o *dlqOptions, act func(context.Con
 	if o.timeout <= 0 {
 		return fmt.Errorf("--timeout %s: use a positive duration", o.timeout)
 	}
-	kcfg, err := o.kf.brokersConfig(log)
-	if err != nil {
-		return err
-	}
-	store, err := dlq.NewKafka(kcfg)
+	store, err := o.openStore(log)
 	if err != nil {
 		return err
 	}
@@ -133,6 +133,48 @@ func runDLQ(ctx context.Context, g *globals, o *dlqOptions, act func(context.Con
 		return err
 	}
 	return act(ctx, g, o, store, o.filter.Apply(letters))
+}
+
+// dlqStoreOpener opens the dead letters of the broker a --sink URL of its
+// scheme names.
+type dlqStoreOpener func(u *url.URL, log *slog.Logger) (dlq.Store, error)
+
+// dlqSchemes maps --sink schemes to their dead-letter stores; Kafka's is
+// the default, on --brokers.
+var dlqSchemes = map[string]dlqStoreOpener{}
+
+func dlqSchemeList() string {
+	names := []string{"kafka"}
+	for s := range dlqSchemes {
+		names = append(names, s)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// openStore opens the dead letters of --sink, else of Kafka on --brokers.
+func (o *dlqOptions) openStore(log *slog.Logger) (dlq.Store, error) {
+	if o.sinkURL != "" {
+		u, err := url.Parse(o.sinkURL)
+		if err != nil || u.Scheme == "" {
+			return nil, fmt.Errorf("--sink %q is not a URL; write scheme://host:port, with the scheme one of %s", redactURL(o.sinkURL), dlqSchemeList())
+		}
+		scheme := strings.ToLower(u.Scheme)
+		if scheme == "kafka" {
+			o.kf.brokers = u.Host
+		} else {
+			open, ok := dlqSchemes[scheme]
+			if !ok {
+				return nil, fmt.Errorf("--sink: unknown scheme %q for dead letters; use one of %s", u.Scheme, dlqSchemeList())
+			}
+			return open(u, log)
+		}
+	}
+	kcfg, err := o.kf.brokersConfig(log)
+	if err != nil {
+		return nil, err
+	}
+	return dlq.NewKafka(kcfg)
 }
 
 // printLetters prints letters as a table, or as JSON.
