@@ -141,7 +141,9 @@ type dlqStoreOpener func(u *url.URL, log *slog.Logger) (dlq.Store, error)
 
 // dlqSchemes maps --sink schemes to their dead-letter stores; Kafka's is
 // the default, on --brokers.
-var dlqSchemes = map[string]dlqStoreOpener{}
+var dlqSchemes = map[string]dlqStoreOpener{
+	"nats": openNATSDeadLetters,
+}
 
 func dlqSchemeList() string {
 	names := []string{"kafka"}
