@@ -42,10 +42,12 @@ from. A dead letter is not recorded as processed, so a replayed event is
 processed once; one processed meanwhile is skipped as a duplicate. Fix the
 cause first (deploy the handler that takes it), then replay.
 
-On Kafka the dead letters are in the dead-letter topic, <topic>.dlq by
-default (--topic). A replayed record keeps its key, so it goes to its
-aggregate's partition, but after the events the consumer processed since:
-per-aggregate order does not hold for a replayed event.`,
+--topic names where the dead letters are: on Kafka (the default, on
+--brokers) the dead-letter topic, <topic>.dlq by default; with --sink, in
+that broker's words (docs/sinks/<sink>.md says what each consumer writes
+and whether replay removes what it sent back). A replayed event goes to
+its aggregate's partition or lane, but after the events the consumer
+processed since: per-aggregate order does not hold for a replayed event.`,
 	}
 	groupOnly(cmd)
 	cmd.AddCommand(newDLQListCmd(g), newDLQReplayCmd(g))
@@ -109,7 +111,7 @@ func runDLQ(ctx context.Context, g *globals, o *dlqOptions, act func(context.Con
 		return err
 	}
 	if o.dest == "" {
-		return errors.New("--topic is required: the dead-letter topic, <topic>.dlq by default (e.g. order.dlq)")
+		return errors.New("--topic is required: where the dead letters are, e.g. order.dlq (a Kafka dead-letter topic; see --sink for the others)")
 	}
 	for _, s := range o.ids {
 		id, err := parseEventID(strings.TrimSpace(s))

@@ -8,7 +8,8 @@
 //
 // Each transport keeps its dead letters its own way; a Store reads and
 // replays one transport's. Kafka is the Kafka consumer's (a dead-letter
-// topic per topic, <topic>.dlq by default).
+// topic per topic, <topic>.dlq by default); the other transports' stores
+// are in their consumer packages (natsconsumer.NewDeadLetters, ...).
 //
 //	store, err := dlq.NewKafka(kafka.ClientConfig{Brokers: []string{"localhost:9092"}})
 //	letters, err := store.List(ctx, "order.dlq")
@@ -62,7 +63,7 @@ func (l Letter) Replayable() error {
 		return fmt.Errorf("dead letter %s of %s holds no payload (its %d bytes did not fit the dead letter); replay event %d from the outbox instead: outbox events replay --from-id %d --to-id %d",
 			l.Position, l.Destination, l.ValueDropped, l.EventID, l.EventID, l.EventID)
 	case l.OriginalTopic == "":
-		return fmt.Errorf("dead letter %s of %s does not say where it was consumed from (no dlq_original_topic header): it was not written by an outbox consumer", l.Position, l.Destination)
+		return fmt.Errorf("dead letter %s of %s does not say where it was consumed from (no dlq_original_* header): it was not written by an outbox consumer", l.Position, l.Destination)
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ func TestReplayableRefusesWhatCannotGoBack(t *testing.T) {
 
 	foreign := ok
 	foreign.OriginalTopic = ""
-	require.ErrorContains(t, foreign.Replayable(), "no dlq_original_topic header")
+	require.ErrorContains(t, foreign.Replayable(), "no dlq_original_* header")
 }
 
 // Filter keeps the letters that match every condition, in order.
