@@ -41,6 +41,18 @@ const (
 	DefaultDeadLetterDeadline = 30 * time.Second
 )
 
+// The headers a dead letter carries, besides consumer.HeaderDLQError,
+// HeaderDLQConsumer, HeaderDLQAttempts and HeaderDLQOriginalTopic (the
+// queue), that say where the message was published: where a replay sends
+// it back (see DeadLetters).
+const (
+	// HeaderDLQOriginalExchange is the exchange the message was published
+	// to ("" for the default exchange).
+	HeaderDLQOriginalExchange = "dlq_original_exchange"
+	// HeaderDLQOriginalRoutingKey is the routing key it was published with.
+	HeaderDLQOriginalRoutingKey = "dlq_original_routing_key"
+)
+
 // Config configures a Consumer.
 type Config struct {
 	// URL is the server: amqp://user:pass@host:5672/vhost. Required.
@@ -335,6 +347,8 @@ func (q *deadLetters) publish(ctx context.Context, d amqp.Delivery, res consumer
 	h[consumer.HeaderDLQConsumer] = name
 	h[consumer.HeaderDLQAttempts] = strconv.Itoa(res.Attempts)
 	h[consumer.HeaderDLQOriginalTopic] = queue
+	h[HeaderDLQOriginalExchange] = d.Exchange
+	h[HeaderDLQOriginalRoutingKey] = d.RoutingKey
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, DefaultDeadLetterDeadline)
