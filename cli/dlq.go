@@ -88,8 +88,9 @@ func newDLQReplayCmd(g *globals) *cobra.Command {
 		Long: `replay sends the dead letters --topic holds (with --consumer and --event-id,
 only those) back to the topic each was consumed from, in order, with its
 key, payload and headers, and waits for the broker to acknowledge each.
-The dead letters stay in the dead-letter topic: replaying one twice is
-harmless, consumers skip it as a duplicate. A dead letter that lost its
+On Kafka the dead letters stay in the dead-letter topic: replaying one
+twice is harmless, consumers skip it as a duplicate. On RabbitMQ replay
+removes each dead letter from its queue once the server confirmed it. A dead letter that lost its
 payload (a pointer record) cannot be sent back: replay that event from the
 outbox ('outbox events replay').
 
