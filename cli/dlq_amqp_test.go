@@ -128,7 +128,12 @@ func TestDLQListAndReplayAMQP(t *testing.T) {
 
 func requireQueueLen(t *testing.T, ch *amqp.Channel, queue string, want int, why string) {
 	t.Helper()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	require.NoError(t, err)
-	require.Equal(t, want, q.Messages, why)
+	// The server requeues a nacked message shortly after the nack.
+	require.Eventually(t, func() bool {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			return false
+		}
+		return q.Messages == want
+	}, 10*time.Second, 20*time.Millisecond, "%s: want %d messages in %s", why, want, queue)
 }

@@ -67,6 +67,7 @@ func (s *DeadLetters) Close() { _ = s.conn.Close() }
 type held struct {
 	ch         *amqp.Channel
 	deliveries []amqp.Delivery
+	acked      map[uint64]bool
 }
 
 // hold fetches every message of queue, unacknowledged.
@@ -78,7 +79,7 @@ func (s *DeadLetters) hold(ctx context.Context, queue string) (*held, error) {
 	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
 		return nil, fmt.Errorf("amqpconsumer: cannot read dead-letter queue %q: %w (is it the dead-letter queue's name, <queue>.dlq by default?)", queue, err)
 	}
-	h := &held{ch: ch}
+	h := &held{ch: ch, acked: map[uint64]bool{}}
 	for {
 		if err := ctx.Err(); err != nil {
 			h.release()
@@ -96,13 +97,27 @@ func (s *DeadLetters) hold(ctx context.Context, queue string) (*held, error) {
 	}
 }
 
-// release requeues what h still holds, in its order, and closes its
-// channel (which would requeue it too).
+// release requeues what h still holds (the server puts each back in its
+// place) and closes its channel (which would requeue it too).
 func (h *held) release() {
-	if n := len(h.deliveries); n > 0 {
-		_ = h.ch.Nack(h.deliveries[n-1].DeliveryTag, true, true)
+	// A nack of an acknowledged tag is a channel error: nack up to the
+	// last one still held.
+	for i := len(h.deliveries) - 1; i >= 0; i-- {
+		if tag := h.deliveries[i].DeliveryTag; !h.acked[tag] {
+			_ = h.ch.Nack(tag, true, true)
+			break
+		}
 	}
 	_ = h.ch.Close()
+}
+
+// ack removes d from its queue.
+func (h *held) ack(d amqp.Delivery) error {
+	if err := h.ch.Ack(d.DeliveryTag, false); err != nil {
+		return err
+	}
+	h.acked[d.DeliveryTag] = true
+	return nil
 }
 
 // List returns every message of the dead-letter queue dest, in queue
@@ -215,7 +230,7 @@ func (s *DeadLetters) Replay(ctx context.Context, letters []dlq.Letter) (int, er
 		if err := pub.send(ctx, d); err != nil {
 			return i, fmt.Errorf("amqpconsumer: replaying dead letter %s of %s: %w", letters[i].Position, letters[i].Destination, err)
 		}
-		if err := d.Ack(false); err != nil {
+		if err := h.ack(d); err != nil {
 			return i + 1, fmt.Errorf("amqpconsumer: dead letter %s of %s was sent back but not removed (a later replay sends it again; consumers skip it as a duplicate): %w",
 				letters[i].Position, letters[i].Destination, err)
 		}

@@ -40,9 +40,10 @@ func TestDeadLettersListAndReplay(t *testing.T) {
 		_, _ = ch.QueueDelete(name+".dlq", false, false, false)
 		_ = ch.ExchangeDelete(name, false, false)
 	})
+	agg := uuid.NewString() // one aggregate: dead-lettered in order
 	for _, id := range []string{"1", "2"} {
 		require.NoError(t, ch.PublishWithContext(ctx, name, "order.placed", false, false, amqp.Publishing{Body: []byte(`{"n": ` + id + `}`),
-			Headers: amqp.Table{outbox.HeaderEventID: id, outbox.HeaderEventType: "order.placed", outbox.HeaderAggregateID: uuid.NewString(), "x-note": "kept"}}))
+			Headers: amqp.Table{outbox.HeaderEventID: id, outbox.HeaderEventType: "order.placed", outbox.HeaderAggregateID: agg, "x-note": "kept"}}))
 	}
 
 	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
@@ -109,7 +110,14 @@ func TestDeadLettersListAndReplay(t *testing.T) {
 
 func requireMessages(t *testing.T, ch *amqp.Channel, queue string, want int, why string) {
 	t.Helper()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	require.NoError(t, err)
-	require.Equal(t, want, q.Messages, why)
+	// The server requeues a nacked message shortly after the nack.
+	n := -1
+	require.Eventually(t, func() bool {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			return false
+		}
+		n = q.Messages
+		return n == want
+	}, 10*time.Second, 20*time.Millisecond, "%s: %d messages in %s, want %d", why, n, queue, want)
 }
