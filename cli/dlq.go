@@ -90,9 +90,9 @@ only those) back to the topic each was consumed from, in order, with its
 key, payload and headers, and waits for the broker to acknowledge each.
 On Kafka the dead letters stay in the dead-letter topic: replaying one
 twice is harmless, consumers skip it as a duplicate. On RabbitMQ replay
-removes each dead letter from its queue once the server confirmed it. A dead letter that lost its
-payload (a pointer record) cannot be sent back: replay that event from the
-outbox ('outbox events replay').
+removes each dead letter from its queue once the server confirmed it.
+A dead letter that lost its payload (a pointer record) cannot be sent
+back: replay that event from the outbox ('outbox events replay').
 
 Without --yes, replay lists what it would send and sends nothing.`,
 		Args: cobra.NoArgs,
