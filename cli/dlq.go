@@ -145,6 +145,7 @@ type dlqStoreOpener func(u *url.URL, log *slog.Logger) (dlq.Store, error)
 // the default, on --brokers.
 var dlqSchemes = map[string]dlqStoreOpener{
 	"nats": openNATSDeadLetters,
+	"redis": openRedisDLQ, "rediss": openRedisDLQ,
 }
 
 func dlqSchemeList() string {
