@@ -144,7 +144,7 @@ type dlqStoreOpener func(u *url.URL, log *slog.Logger) (dlq.Store, error)
 // dlqSchemes maps --sink schemes to their dead-letter stores; Kafka's is
 // the default, on --brokers.
 var dlqSchemes = map[string]dlqStoreOpener{
-	"nats": openNATSDeadLetters,
+	"nats":  openNATSDeadLetters,
 	"redis": openRedisDLQ, "rediss": openRedisDLQ,
 }
 
