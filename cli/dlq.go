@@ -145,8 +145,11 @@ type dlqStoreOpener func(u *url.URL, log *slog.Logger) (dlq.Store, error)
 // dlqSchemes maps --sink schemes to their dead-letter stores; Kafka's is
 // the default, on --brokers.
 var dlqSchemes = map[string]dlqStoreOpener{
-	"amqp": openAMQPDeadLetters, "amqps": openAMQPDeadLetters,
-	"nats": openNATSDeadLetters,
+	"amqp":   openAMQPDeadLetters,
+	"amqps":  openAMQPDeadLetters,
+	"nats":   openNATSDeadLetters,
+	"redis":  openRedisDLQ,
+	"rediss": openRedisDLQ,
 }
 
 func dlqSchemeList() string {
@@ -205,7 +208,7 @@ func printLetters(_ context.Context, g *globals, o *dlqOptions, _ dlq.Store, let
 		if l.EventID > 0 {
 			id = strconv.FormatInt(l.EventID, 10)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", l.Position, id, dash(clip.Field(l.Type)), dash(clip.Field(l.Consumer)),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", l.Position, id, dash(clip.Field(l.Type)), dash(clipOrEmpty(l.Consumer)),
 			l.Attempts, dash(clip.Field(l.OriginalTopic)), dash(clip.Text(oneLine(l.Error), 200)))
 		if o.showBody {
 			fmt.Fprintf(w, "\tpayload:\t%s\n", clip.PrintableJSON(string(l.Payload)))
@@ -216,6 +219,14 @@ func printLetters(_ context.Context, g *globals, o *dlqOptions, _ dlq.Store, let
 	}
 	fmt.Fprintf(g.stdout, "%d dead letters%s; 'outbox dlq replay --topic %s' sends them back\n", len(letters), filterNote(o.filter), o.dest)
 	return nil
+}
+
+// clipOrEmpty is clip.Field, or "" for an empty value (dash shows it).
+func clipOrEmpty(s string) string {
+	if s == "" {
+		return ""
+	}
+	return clip.Field(s)
 }
 
 func filterNote(f dlq.Filter) string {
