@@ -208,8 +208,8 @@ func printLetters(_ context.Context, g *globals, o *dlqOptions, _ dlq.Store, let
 		if l.EventID > 0 {
 			id = strconv.FormatInt(l.EventID, 10)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", l.Position, id, dash(clip.Field(l.Type)), dash(clipOrEmpty(l.Consumer)),
-			l.Attempts, dash(clip.Field(l.OriginalTopic)), dash(clip.Text(oneLine(l.Error), 200)))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", l.Position, id, dash(clipOrEmpty(l.Type)), dash(clipOrEmpty(l.Consumer)),
+			l.Attempts, dash(clipOrEmpty(l.OriginalTopic)), dash(clip.Text(oneLine(l.Error), 200)))
 		if o.showBody {
 			fmt.Fprintf(w, "\tpayload:\t%s\n", clip.PrintableJSON(string(l.Payload)))
 		}
