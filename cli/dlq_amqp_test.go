@@ -33,22 +33,14 @@ func TestDLQListAndReplayAMQP(t *testing.T) {
 	name := "dlqcli-" + uuid.NewString()
 	conn := rabbittest.Dial(t, url)
 	ch := rabbittest.Channel(t, conn)
-	require.NoError(t, ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil))
-	_, err := ch.QueueDeclare(name, true, false, false, false, nil)
-	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind(name, "order.*", name, false, nil))
-	t.Cleanup(func() {
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_, _ = ch.QueueDelete(name+".dlq", false, false, false)
-		_ = ch.ExchangeDelete(name, false, false)
-	})
+	rabbittest.TopicQueue(t, ch, name)
 	for id := 1; id <= 3; id++ {
 		require.NoError(t, ch.PublishWithContext(ctx, name, "order.placed", false, false, amqp.Publishing{Body: []byte(`{"n": ` + strconv.Itoa(id) + `}`),
 			Headers: amqp.Table{outbox.HeaderEventID: strconv.Itoa(id), outbox.HeaderEventType: "order.placed", "x-note": "kept"}}))
 	}
 
 	db := pgtest.New(t, pgtest.Options{MaxConns: 6})
-	_, err = db.Pool.Exec(ctx, `CREATE TABLE applied (event_id BIGINT PRIMARY KEY, n INT NOT NULL DEFAULT 1)`)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE applied (event_id BIGINT PRIMARY KEY, n INT NOT NULL DEFAULT 1)`)
 	require.NoError(t, err)
 	var mu sync.Mutex
 	refuse := true

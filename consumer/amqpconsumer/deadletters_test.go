@@ -31,15 +31,7 @@ func TestDeadLettersListAndReplay(t *testing.T) {
 	name := "amqpdlq-" + uuid.NewString()
 	conn := rabbittest.Dial(t, url)
 	ch := rabbittest.Channel(t, conn)
-	require.NoError(t, ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil))
-	_, err := ch.QueueDeclare(name, true, false, false, false, nil)
-	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind(name, "order.*", name, false, nil))
-	t.Cleanup(func() {
-		_, _ = ch.QueueDelete(name, false, false, false)
-		_, _ = ch.QueueDelete(name+".dlq", false, false, false)
-		_ = ch.ExchangeDelete(name, false, false)
-	})
+	rabbittest.TopicQueue(t, ch, name)
 	agg := uuid.NewString() // one aggregate: dead-lettered in order
 	for _, id := range []string{"1", "2"} {
 		require.NoError(t, ch.PublishWithContext(ctx, name, "order.placed", false, false, amqp.Publishing{Body: []byte(`{"n": ` + id + `}`),

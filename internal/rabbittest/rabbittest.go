@@ -81,3 +81,24 @@ func Get(t testing.TB, conn *amqp.Connection, queue string, want int, quiet, tim
 	}
 	return out
 }
+
+// TopicQueue declares, on ch, a durable topic exchange and a durable queue
+// both called name, the queue bound with "order.*", and deletes them (and
+// the queue's dead-letter queue, name + ".dlq") when t ends.
+func TopicQueue(t testing.TB, ch *amqp.Channel, name string) {
+	t.Helper()
+	if err := ch.ExchangeDeclare(name, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatalf("rabbittest: declare exchange %s: %v", name, err)
+	}
+	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
+		t.Fatalf("rabbittest: declare queue %s: %v", name, err)
+	}
+	if err := ch.QueueBind(name, "order.*", name, false, nil); err != nil {
+		t.Fatalf("rabbittest: bind queue %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		_, _ = ch.QueueDelete(name, false, false, false)
+		_, _ = ch.QueueDelete(name+".dlq", false, false, false)
+		_ = ch.ExchangeDelete(name, false, false)
+	})
+}
