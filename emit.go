@@ -95,6 +95,24 @@ type Config struct {
 	// consumers must use a propagator that reads what this one writes.
 	// Defaults to propagation.TraceContext{} (W3C Trace Context).
 	Propagator propagation.TextMapPropagator
+	// Contracts checks each event's payload against its type's contract
+	// (package contracts: contracts.Load implements it) before any SQL
+	// runs. A payload that breaks it is refused with an error that
+	// errors.Is ErrContractViolation and carries the contract's own error
+	// (a *contracts.Violation names the JSON pointer and the rule). The
+	// version checked (Event.Version, or the type's latest) travels with
+	// the event in its event_version header. Defaults to nil: no check,
+	// and an event_version header only when Event.Version is set.
+	Contracts Contracts
+}
+
+// Contracts checks an event's payload against its type's contract.
+// *contracts.Set implements it.
+type Contracts interface {
+	// Check validates payload (JSON text) as version (0: the latest) of
+	// eventType's contract and returns the version it checked, or 0 when
+	// the type has no contract and none is required.
+	Check(eventType string, version int, payload []byte) (int, error)
 }
 
 // DefaultNotifyInterval is Config.NotifyInterval's default.
@@ -558,9 +576,13 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
+	ev.Payload = json.RawMessage(payload)
 	n, multiKey, err := jsonbScan(payload)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
+	}
+	if ev.Headers, err = p.checkContract(ev); err != nil {
+		return nil, "", err
 	}
 	if err := p.checkSize(ev, payload, n, multiKey); err != nil {
 		return nil, "", err
@@ -573,6 +595,35 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidHeaders, quoteShort(ev.Type), err)
 	}
 	return payload, string(hdr), nil
+}
+
+// checkContract checks ev's payload (JSON text, as serialised) against its
+// type's contract and returns its headers with the event_version header
+// of the version checked (or of Event.Version when there are no
+// contracts). The caller's map is never modified.
+func (p *Producer) checkContract(ev Event) (map[string]string, error) {
+	if _, set := ev.Headers[HeaderEventVersion]; set {
+		return nil, fmt.Errorf("%w (type %s): header %q is written from Event.Version; set that instead", ErrInvalidHeaders, quoteShort(ev.Type), HeaderEventVersion)
+	}
+	if ev.Version < 0 {
+		return nil, fmt.Errorf("%w (type %s): Event.Version is %d; versions start at 1 (0 means the type's latest)", ErrContractViolation, quoteShort(ev.Type), ev.Version)
+	}
+	version := ev.Version
+	if p.cfg.Contracts != nil {
+		var err error
+		if version, err = p.cfg.Contracts.Check(ev.Type, ev.Version, ev.Payload.(json.RawMessage)); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrContractViolation, err)
+		}
+	}
+	if version == 0 {
+		return ev.Headers, nil
+	}
+	h := make(map[string]string, len(ev.Headers)+1)
+	for k, v := range ev.Headers {
+		h[k] = v
+	}
+	h[HeaderEventVersion] = strconv.Itoa(version)
+	return h, nil
 }
 
 // checkSize refuses an event larger than the routing's limit; n is the

@@ -32,6 +32,12 @@ var (
 	// (IsReservedHeader), or a name or value is not valid UTF-8 or holds a
 	// NUL character.
 	ErrInvalidHeaders = errors.New("outbox: invalid headers")
+	// ErrContractViolation: the payload breaks its type's contract
+	// (Config.Contracts), the type has none where every type must, or the
+	// event names a version its contract does not have. The contract's own
+	// error is wrapped too: errors.As a *contracts.Violation for the JSON
+	// pointer and the rule.
+	ErrContractViolation = errors.New("outbox: payload breaks its contract")
 	// ErrEmptyBatch: EmitBatch was called with no events.
 	ErrEmptyBatch = errors.New("outbox: empty batch")
 )

@@ -50,6 +50,11 @@ type Event struct {
 	// IsReservedHeader) are refused, as are names and values that are not
 	// valid UTF-8 or hold a NUL character (ErrInvalidHeaders).
 	Headers map[string]string
+	// Version is the version of the type's contract that Payload follows,
+	// sent as the event_version header. With Config.Contracts set, Emit
+	// checks Payload against it, and 0 means the type's latest version;
+	// without contracts, 0 sends no version. Defaults to 0.
+	Version int
 }
 
 // Default names, used when a Tables field is empty.

@@ -22,6 +22,13 @@ const (
 	HeaderAggregateID = "aggregate_id"
 )
 
+// HeaderEventVersion is the version of the event type's contract that the
+// payload was written (and checked) against, in decimal. Emit writes it
+// into the row's headers from Event.Version, or from the version its
+// Config.Contracts checked; producers that insert with SQL set it in the
+// row's headers themselves. Consumers pick an upcaster by it.
+const HeaderEventVersion = "event_version"
+
 // ContentTypeJSON is the value of the content-type header.
 const ContentTypeJSON = "application/json"
 

@@ -139,6 +139,7 @@ Configuration comes from flags, with environment fallbacks:
 		newCleanupCmd(g),
 		newSwitchCmd(g),
 		newBenchCmd(g),
+		newContractsCmd(g),
 	)
 	warnOnStderr(root, stderr)
 	return root
