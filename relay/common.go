@@ -98,6 +98,18 @@ type Common struct {
 	// installed) a batch costs one span start and nothing per event.
 	// Defaults to otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
+	// Contracts checks every event whose type has a contract (package
+	// contracts: contracts.Load implements it) before it is sent, against
+	// the version its event_version header names, or the type's latest
+	// when it has none. An event that breaks it is refused with
+	// ReasonContract, as an undecodable row is: the polling relay holds it
+	// (its aggregate waits), the WAL source parks it. An event that passes
+	// without an event_version header is sent with one: the version it
+	// was checked against (CheckContract). Events of types without a
+	// contract pass unchanged, unless the contracts require one for every
+	// type. The relay reads the contracts when it starts: restart it after
+	// changing them. Defaults to nil: no check.
+	Contracts outbox.Contracts
 	// Propagator reads the trace context Emit wrote into each event's
 	// headers, for the publish span's links; it must read what the
 	// producers' outbox.Config.Propagator writes. The headers themselves

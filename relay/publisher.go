@@ -80,6 +80,12 @@ const (
 	// ReasonReservedHeader: the row's headers use a name the relayer sets
 	// (event_id, event_type, content-type, event_source).
 	ReasonReservedHeader = "reserved_header"
+	// ReasonContract: the payload breaks its type's contract
+	// (Common.Contracts), names a version the contract does not have (its
+	// event_version header), or the type has none where every type must.
+	// The relayer refuses the row before sending it; fix the row or the
+	// contract, then retry it.
+	ReasonContract = "contract"
 	// ReasonNotAuthorized: the broker refuses the relayer's writes to the
 	// topic.
 	ReasonNotAuthorized = "not_authorized"

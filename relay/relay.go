@@ -524,8 +524,9 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 }
 
 // publish sends the rows of c that can be sent and returns one error per
-// row. A row that cannot be published (the claim could not decode it, or
-// its type routes to no topic) fails before sending (c.refused), and the
+// row. A row that cannot be published (the claim could not decode it, its
+// type routes to no topic, or it breaks its contract) fails before sending
+// (c.refused), and the
 // rows of its aggregate after it are not sent either, so nothing overtakes
 // it.
 func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
@@ -544,6 +545,9 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 		if err == nil {
 			m.Topic, err = r.routing.Destination(m.Type)
 			err = PermanentReason(ReasonInvalidTopic, err)
+		}
+		if err == nil {
+			err = CheckContract(r.cfg.Contracts, m)
 		}
 		if err != nil {
 			errs[i] = err

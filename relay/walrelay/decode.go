@@ -111,8 +111,9 @@ const timestampLayout = "2006-01-02 15:04:05.999999-07"
 
 // insertItem turns an inserted outbox row into an item, as the polling
 // relay's claim does: the same Message, headers decoded by
-// rowheaders.Decode, topic by the sink's routing.
-func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing) (item, error) {
+// rowheaders.Decode, topic by the sink's routing, checked against its
+// contract by relay.CheckContract.
+func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing, contracts outbox.Contracts) (item, error) {
 	var it item
 	id, err := strconv.ParseInt(string(r.col(tup, "id")), 10, 64)
 	if err != nil {
@@ -132,7 +133,7 @@ func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing) 
 	if created != nil {
 		it.msg.CreatedAt, _ = time.Parse(timestampLayout, string(created))
 	}
-	it.finish(routing)
+	it.finish(routing, contracts)
 	return it, nil
 }
 
@@ -148,7 +149,7 @@ type wireEvent struct {
 // messageItem decodes an event's logical message. An event without an id
 // cannot be published, nor parked: it is returned as an error. Its time is
 // the commit's: a created_at in the message is the writer's, not taken.
-func messageItem(content []byte, committed time.Time, routing outbox.Routing) (item, error) {
+func messageItem(content []byte, committed time.Time, routing outbox.Routing, contracts outbox.Contracts) (item, error) {
 	var ev wireEvent
 	var it item
 	if err := json.Unmarshal(content, &ev); err != nil || ev.ID <= 0 {
@@ -168,18 +169,22 @@ func messageItem(content []byte, committed time.Time, routing outbox.Routing) (i
 		// A JSON null payload is published as "null", as a row's is.
 		it.err = relay.PermanentReason(relay.ReasonUndecodable, errors.New(`the event's message has no "payload"`))
 	}
-	it.finish(routing)
+	it.finish(routing, contracts)
 	return it, nil
 }
 
-// finish decodes the headers and routes the type to its topic, as the
-// polling relay does; a failure is the item's, permanent.
-func (it *item) finish(routing outbox.Routing) {
+// finish decodes the headers, routes the type to its topic and checks the
+// event against its contract (nil: none), as the polling relay does; a
+// failure is the item's, permanent.
+func (it *item) finish(routing outbox.Routing, contracts outbox.Contracts) {
 	var err error
 	it.msg.Headers, err = rowheaders.Decode(it.rawHeaders, relay.PermanentReason)
 	if err == nil {
 		it.msg.Topic, err = routing.Destination(it.msg.Type)
 		err = relay.PermanentReason(relay.ReasonInvalidTopic, err)
+	}
+	if err == nil && it.err == nil {
+		err = relay.CheckContract(contracts, &it.msg)
 	}
 	if it.err == nil {
 		it.err = err
@@ -222,7 +227,7 @@ func (st *streamer) decode(xld pglogrepl.XLogData) error {
 		if !rel.outbox {
 			return nil
 		}
-		it, err := rel.insertItem(m.Tuple, st.r.routing)
+		it, err := rel.insertItem(m.Tuple, st.r.routing, st.r.cfg.Contracts)
 		if err != nil {
 			return err
 		}
@@ -252,7 +257,7 @@ func (st *streamer) decodeMessage(m *pglogrepl.LogicalDecodingMessage) {
 			st.r.dropped.Add(1)
 			st.r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
 		default:
-			it, err := messageItem(m.Content, st.commit, st.r.routing)
+			it, err := messageItem(m.Content, st.commit, st.r.routing, st.r.cfg.Contracts)
 			if err != nil {
 				st.r.dropped.Add(1)
 				st.r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)

@@ -76,15 +76,17 @@
 // # Poison events
 //
 // A record the broker refuses for good (too large, invalid topic, not
-// authorised) or the relayer cannot decode (headers that are not an
-// object of strings) is parked: moved to the outbox's _parked table with
+// authorised), that the relayer cannot decode (headers that are not an
+// object of strings), or that breaks its contract (Common.Contracts) is
+// parked: moved to the outbox's _parked table with
 // the reason, logged with the command to unpark it, counted (Stats.Parked),
 // and the stream goes on. The slot cannot skip one event and keep the
 // rest: holding the stream until an operator acts would hold every
 // aggregate and keep WAL on disk, which is how slots fill disks. The
 // price is the one of `outbox events park`: later events of the same
 // aggregate are published without the parked one. Unparking inserts it
-// again, which publishes it (after them). Transient failures (broker
+// again, which publishes it (after them), or parks it again if it still
+// breaks its contract. Transient failures (broker
 // down) are retried in order with backoff for as long as they last. A
 // topic the broker does not know is retried for UnknownTopicGrace before
 // the event is parked, so that creating the topic in time loses nothing;
