@@ -45,7 +45,7 @@ func pollingSource() sourcetest.Source {
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			rc := relay.Config{
-				Common:       relay.Common{Pool: pool, Sink: pub, Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, BatchSize: cfg.BatchSize, Logger: cfg.Logger},
+				Common:       relay.Common{Pool: pool, Sink: pub, Tables: db.Tables, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, BatchSize: cfg.BatchSize, Logger: cfg.Logger, Contracts: cfg.Contracts},
 				PollInterval: 50 * time.Millisecond,
 
 				HoldOut: cfg.HoldOut,

@@ -56,7 +56,7 @@ func CheckContract(c outbox.Contracts, m *Message) error {
 			case v == 0:
 				return contractError(err)
 			}
-			return PermanentReason(ReasonContract, fmt.Errorf("header %s is %q, not a version of the type's contract (a decimal from 1, as Emit writes it); fix the header in the row (or remove it to check against the latest version), then retry the event",
+			return PermanentReason(ReasonContract, fmt.Errorf("header %s is %q, not a version of the type's contract (a decimal from 1, as Emit writes it); fix the row's header (or remove it to check against the latest version), then retry the event",
 				outbox.HeaderEventVersion, clip.Text(raw, 40)))
 		}
 		version = n
@@ -77,7 +77,7 @@ func CheckContract(c outbox.Contracts, m *Message) error {
 // contractError is err (from outbox.Contracts.Check) as the event's
 // permanent failure.
 func contractError(err error) error {
-	return PermanentReason(ReasonContract, fmt.Errorf("%w; fix the event (its payload, or its %s header) or the contract (and restart the relay), then retry the event", err, outbox.HeaderEventVersion))
+	return PermanentReason(ReasonContract, fmt.Errorf("%w; fix the row or the contracts, then retry the event (the relay reads the contracts when it starts)", err))
 }
 
 // parseVersion reads a version as Emit writes it: a decimal from 1, with

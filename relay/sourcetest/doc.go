@@ -21,7 +21,7 @@
 //			Name: "poll",
 //			Open: func(t *testing.T) *sourcetest.DB { return sourcetest.NewDB(t, "") },
 //			Start: func(t *testing.T, db *sourcetest.DB, pub relay.Sink, cfg sourcetest.RelayerConfig) *sourcetest.Relayer {
-//				r, err := relay.New(relay.Config{Common: relay.Common{Pool: db.Pool, Sink: pub, Tables: db.Tables, BatchSize: cfg.BatchSize}})
+//				r, err := relay.New(relay.Config{Common: relay.Common{Pool: db.Pool, Sink: pub, Tables: db.Tables, BatchSize: cfg.BatchSize, Contracts: cfg.Contracts}})
 //				require.NoError(t, err)
 //				return sourcetest.Background(t, db, r.Run, appNames, stats)
 //			},

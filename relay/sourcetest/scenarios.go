@@ -23,6 +23,8 @@ var Scenarios = []Scenario{
 	{"OversizedRow", OversizedRow},
 	{"RecordsThatFitAloneButNotTogether", RecordsThatFitAloneButNotTogether},
 	{"UndecodableRows", UndecodableRows},
+	{"ContractViolations", ContractViolations},
+	{"ContractRequired", ContractRequired},
 	{"PublishPathProperty", PublishPathProperty},
 }
 

@@ -121,6 +121,9 @@ type RelayerConfig struct {
 	HoldOut time.Duration
 	// Logger receives the relayer's logs.
 	Logger *slog.Logger
+	// Contracts are the relayer's event contracts (relay.Common.Contracts);
+	// nil: none.
+	Contracts outbox.Contracts
 }
 
 // Sidelined is an event a source set aside because it cannot publish it.

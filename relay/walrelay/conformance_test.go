@@ -48,7 +48,7 @@ func walSource() sourcetest.Source {
 			t.Helper()
 			name := strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
 			r, err := walrelay.New(walrelay.Config{
-				Common:             relay.Common{Pool: db.Pool, Sink: pub, Tables: db.Tables, BatchSize: cfg.BatchSize, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: cfg.Logger},
+				Common:             relay.Common{Pool: db.Pool, Sink: pub, Tables: db.Tables, BatchSize: cfg.BatchSize, BackoffMin: 10 * time.Millisecond, BackoffMax: 200 * time.Millisecond, Logger: cfg.Logger, Contracts: cfg.Contracts},
 				StatusInterval:     200 * time.Millisecond,
 				LeaderPollInterval: 100 * time.Millisecond,
 
