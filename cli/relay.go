@@ -32,6 +32,9 @@ type relayOptions struct {
 	// --mode wal: walrelay.go
 	mode string
 	wal  walOptions
+	// contracts is --contracts: the event contracts both sources check
+	// each event against before sending it.
+	contracts contractsFlag
 	// cleanupBatchFlag is --cleanup-batch-size as the user spelled it
 	// (--cleanup-batch, deprecated, still works), for its error.
 	cleanupBatchFlag string
@@ -94,6 +97,7 @@ Replicas elect one reader; the others take over within
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	f.StringVar(&o.sinkURL, "sink", "", "where to publish: a URL whose scheme picks the sink ("+schemeList()+"), e.g. kafka://host:9092; default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
+	o.contracts.register(f, "each event of a type with a contract is checked before it is sent, and one that breaks it is held (reason contract; --mode wal: parked) until fixed and retried (docs/contracts.md)")
 	o.wal.register(f)
 	return cmd
 }
@@ -128,6 +132,10 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet
 	if err := o.checkSink(); err != nil {
 		return err
 	}
+	set, err := o.contracts.load()
+	if err != nil {
+		return err
+	}
 	sink, err := o.openSink(ctx, f, log)
 	if err != nil {
 		return err
@@ -143,6 +151,10 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet
 	}
 	common := o.common
 	common.Pool, common.Sink, common.Tables, common.Logger = pool, sink.sink, t, log
+	if set != nil { // a nil *contracts.Set in the interface would not be nil
+		common.Contracts = set
+		log.Info("relay checks events against their contracts", "contracts", set.Dir, "types", len(set.Types()), "require", set.Require)
+	}
 	if o.mode == "wal" {
 		return runWALRelay(ctx, o, common)
 	}
