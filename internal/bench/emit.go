@@ -54,6 +54,7 @@ type emitVariant struct {
 	events    int  // events per transaction
 	batch     bool // one EmitBatch rather than `events` Emit calls
 	queue     bool // QueueEmit, sent with the INSERT in one pgx.Batch
+	big       bool // the ~1 kB payload (bigOrder) instead of the ~200-byte one
 	cfg       outbox.Config
 }
 
@@ -74,7 +75,16 @@ func runEmit(ctx context.Context, s *session) (*Result, error) {
 	res.param("window", "%d rounds of %s per variant, variants interleaved; the median round is reported", rounds, window)
 	res.param("transaction", "BEGIN; INSERT INTO orders; [Emit order.placed, ~200-byte JSON payload]; COMMIT (QueueEmit: BEGIN; [INSERT + QueueEmit in one pgx.Batch]; COMMIT)")
 
-	variants := emitVariants(e.tables)
+	set, err := loadBenchContracts()
+	if err != nil {
+		return nil, err
+	}
+	size, check, err := checkCost(set, pick(cfg.Short, 2000, 20000))
+	if err != nil {
+		return nil, err
+	}
+	res.param("contracts", "the ~1 kB variants: a %d-byte order.placed payload; with contracts, Emit checks it against internal/bench/contracts (JSON Schema 2020-12: 16 properties, nested objects by $ref, enums, patterns, bounds)", size)
+	variants := emitVariants(e.tables, set)
 	samples := make([][]emitSample, len(variants))
 	producers := make([]*outbox.Producer, len(variants))
 	for i, v := range variants {
@@ -103,6 +113,7 @@ func runEmit(ctx context.Context, s *session) (*Result, error) {
 	res.metric("emit.transactions", float64(totalTx))
 	res.metric("emit.events", float64(totalEvents))
 	emitTable(res, variants, samples)
+	emitContractsTarget(res, check)
 	r, q := res.Metrics["emit.emit.ratio"], res.Metrics["emit.queue.ratio"]
 	res.target("emit cost", ">= 0.80x tx/s of the same tx without Emit",
 		fmt.Sprintf("%.2fx with Emit (a round trip of its own), %.2fx with QueueEmit (none); NOTIFY on every transaction: %.2fx", r, q, res.Metrics["emit.emit_notify_every.ratio"]), max(r, q) >= 0.8)
@@ -113,7 +124,7 @@ func runEmit(ctx context.Context, s *session) (*Result, error) {
 
 // emitVariants are the shapes of business transaction the emit scenario
 // compares, the first without Emit: the base of the ratios.
-func emitVariants(tables outbox.Tables) []emitVariant {
+func emitVariants(tables outbox.Tables, set outbox.Contracts) []emitVariant {
 	return []emitVariant{
 		{key: "none", name: "orders insert only (no Emit)"},
 		{key: "emit", name: "+ Emit (defaults: NOTIFY at most every 10 ms, aggregate lock on)", events: 1, cfg: outbox.Config{Tables: tables}},
@@ -123,7 +134,21 @@ func emitVariants(tables outbox.Tables) []emitVariant {
 		{key: "emit_nonotify_nolock", name: "+ Emit, NOTIFY off, aggregate lock off", events: 1, cfg: outbox.Config{Tables: tables, DisableNotify: true, DisableAggregateLock: true}},
 		{key: "emit10", name: "+ 10 x Emit", events: 10, cfg: outbox.Config{Tables: tables}},
 		{key: "emitbatch10", name: "+ EmitBatch of 10", events: 10, batch: true, cfg: outbox.Config{Tables: tables}},
+		{key: "emit_1k", name: "+ Emit, ~1 kB payload", events: 1, big: true, cfg: outbox.Config{Tables: tables}},
+		{key: "emit_1k_contracts", name: "+ Emit, ~1 kB payload checked against its contract", events: 1, big: true, cfg: outbox.Config{Tables: tables, Contracts: set}},
 	}
+}
+
+// emitContractsTarget adds the contract check's target: Emit of the ~1 kB
+// payload with contracts against the same Emit without, in the same run;
+// check is the time of one contracts.Set.Check, in process.
+func emitContractsTarget(res *Result, check time.Duration) {
+	without, with := res.Metrics["emit.emit_1k.tx_per_s"], res.Metrics["emit.emit_1k_contracts.tx_per_s"]
+	cost := without / with
+	res.metric("emit.contracts.cost_ratio", cost)
+	res.metric("emit.contracts.check_us", float64(check.Nanoseconds())/1e3)
+	res.target("contract check at Emit", "<= 1.15x the cost of the same Emit without contracts (~1 kB payload)",
+		fmt.Sprintf("%.2fx (%s vs %s tx/s; one check %.1f µs in process)", cost, rate(with), rate(without), float64(check.Nanoseconds())/1e3), cost <= 1.15)
 }
 
 // emitSample is one round of one variant.
@@ -138,10 +163,14 @@ type emitSample struct {
 func emitTx(p *outbox.Producer, v emitVariant) func(ctx context.Context, tx pgx.Tx, n int) error {
 	return func(ctx context.Context, tx pgx.Tx, n int) error {
 		o := newOrder(n)
+		var payload any = o
+		if v.big {
+			payload = newBigOrder(n, o)
+		}
 		if v.queue {
 			batch := &pgx.Batch{}
 			batch.Queue(insertOrderSQL, o.OrderID, o.CustomerID, o.TotalCents, o.Currency)
-			if _, err := p.QueueEmit(ctx, batch, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
+			if _, err := p.QueueEmit(ctx, batch, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: payload}); err != nil {
 				return err
 			}
 			return tx.SendBatch(ctx, batch).Close()
@@ -155,13 +184,13 @@ func emitTx(p *outbox.Producer, v emitVariant) func(ctx context.Context, tx pgx.
 		case v.batch:
 			evs := make([]outbox.Event, v.events)
 			for k := range evs {
-				evs[k] = outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}
+				evs[k] = outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: payload}
 			}
 			_, err := p.EmitBatch(ctx, tx, evs)
 			return err
 		}
 		for range v.events {
-			if _, err := p.Emit(ctx, tx, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: o}); err != nil {
+			if _, err := p.Emit(ctx, tx, outbox.Event{AggregateID: o.OrderID, Type: "order.placed", Payload: payload}); err != nil {
 				return err
 			}
 		}
