@@ -69,7 +69,7 @@ type EventDetail struct {
 // EventFailure is a row of the failures table (migrate.FailuresIdent).
 type EventFailure struct {
 	// Reason is a short code: too_large, undecodable, invalid_topic,
-	// reserved_header, broker_refused.
+	// reserved_header, contract, not_authorized, broker_refused.
 	Reason string
 	// Error is the whole message of the last failure.
 	Error                   string

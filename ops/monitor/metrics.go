@@ -97,7 +97,7 @@ func NewMetrics() *Metrics {
 	m.lagBreached = gauge("outbox_lag_slo_breached", "1 while the oldest pending event is older than the lag SLO (max-lag), else 0.")
 	m.held = f(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "outbox_held_events",
-		Help: "Pending events whose last attempt failed for good, by reason (too_large, undecodable, invalid_topic, reserved_header, not_authorized, broker_refused): each holds up the rest of its aggregate until retried or parked ('outbox events'). Read from the database, so every replica reports the same figure.",
+		Help: "Pending events whose last attempt failed for good, by reason (too_large, undecodable, invalid_topic, reserved_header, contract, not_authorized, broker_refused): each holds up the rest of its aggregate until retried or parked ('outbox events'). Read from the database, so every replica reports the same figure.",
 	}, []string{"reason"})).(*prometheus.GaugeVec)
 	m.oldestHeld = gauge("outbox_oldest_held_age_seconds", "How long the longest-held event has been failing (since its first recorded failure); 0 when none is held.")
 	m.holds = f(prometheus.NewCounterVec(prometheus.CounterOpts{
