@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"github.com/pgoutbox/outbox/internal/fakesink"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox/contracts"
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/kafka"
@@ -85,6 +88,27 @@ func benchDrain(b *testing.B, pub func(b *testing.B) relay.Sink, mod func(*relay
 // commit, against a publisher that acknowledges at once.
 func BenchmarkClaim(b *testing.B) {
 	benchDrain(b, func(*testing.B) relay.Sink { return ackAll{} }, nil)
+}
+
+// BenchmarkClaimContracts is BenchmarkClaim with every event checked
+// against a contract (Common.Contracts) before it is "sent": the relay's
+// share of the check's cost, on the preload's ~100-byte payload.
+func BenchmarkClaimContracts(b *testing.B) {
+	dir := b.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "order.placed"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	schema := `{"type": "object", "required": ["order_id", "customer_id", "total_cents", "currency"], "additionalProperties": false,
+  "properties": {"order_id": {"type": "integer", "minimum": 1}, "customer_id": {"type": "string", "pattern": "^customer-[0-9]+$"},
+    "total_cents": {"type": "integer", "minimum": 0}, "currency": {"enum": ["EUR", "USD"]}}}`
+	if err := os.WriteFile(filepath.Join(dir, "order.placed", "v1.schema.json"), []byte(schema), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	set, err := contracts.Load(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchDrain(b, func(*testing.B) relay.Sink { return ackAll{} }, func(c *relay.Config) { c.Contracts = set })
 }
 
 // BenchmarkRelayBatch is a whole batch of 1,000 to an in-process kfake

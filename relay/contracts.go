@@ -2,7 +2,9 @@ package relay
 
 import (
 	"fmt"
+	"runtime"
 	"strconv"
+	"sync"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/clip"
@@ -94,4 +96,37 @@ func parseVersion(s string) (int, bool) {
 		n = n*10 + int(s[i]-'0')
 	}
 	return n, true
+}
+
+// checksPerWorker is the fewest events checkContracts gives a goroutine
+// of its own: below it, starting one costs more than it saves.
+const checksPerWorker = 64
+
+// checkContracts runs CheckContract on each msgs[i] whose refuse[i] is
+// nil, setting refuse[i] to its error. A large batch is split over
+// GOMAXPROCS goroutines: a check is a JSON Schema validation, tens of
+// microseconds for a payload of a kilobyte, which one goroutine would
+// add up to the better part of a second per batch of 5,000.
+func checkContracts(c outbox.Contracts, msgs []Message, refuse []error) {
+	if c == nil {
+		return
+	}
+	check := func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			if refuse[i] == nil {
+				refuse[i] = CheckContract(c, &msgs[i])
+			}
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(msgs)/checksPerWorker)
+	if workers <= 1 {
+		check(0, len(msgs))
+		return
+	}
+	var wg sync.WaitGroup
+	chunk := (len(msgs) + workers - 1) / workers
+	for lo := 0; lo < len(msgs); lo += chunk {
+		wg.Go(func() { check(lo, min(lo+chunk, len(msgs))) })
+	}
+	wg.Wait()
 }

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -95,6 +96,36 @@ func TestCheckContract(t *testing.T) {
 		var v *contracts.Violation
 		require.ErrorAs(t, relay.CheckContract(set, &m), &v)
 		require.Equal(t, "/total_cents", v.Pointer)
+	})
+	t.Run("a batch", func(t *testing.T) {
+		t.Parallel()
+		// Large enough for several goroutines; each row's result in its
+		// place, rows already refused left alone.
+		msgs := make([]relay.Message, 1000)
+		refuse := make([]error, len(msgs))
+		earlier := errors.New("refused before")
+		for i := range msgs {
+			msgs[i] = relay.Message{ID: int64(i), Type: "order.placed", Payload: []byte(v2)}
+			switch i % 3 {
+			case 1:
+				msgs[i].Payload = []byte(`{"order_id": "a"}`)
+			case 2:
+				refuse[i] = earlier
+			}
+		}
+		relay.CheckContracts(set, msgs, refuse)
+		for i, m := range msgs {
+			switch i % 3 {
+			case 0:
+				require.NoError(t, refuse[i], "row %d", i)
+				require.Equal(t, "2", m.Headers["event_version"], "row %d", i)
+			case 1:
+				require.Equal(t, relay.ReasonContract, relay.ReasonOf(refuse[i]), "row %d", i)
+			case 2:
+				require.Same(t, earlier, refuse[i], "row %d", i)
+				require.Nil(t, m.Headers, "row %d is not checked", i)
+			}
+		}
 	})
 	t.Run("required", func(t *testing.T) {
 		t.Parallel()

@@ -531,6 +531,17 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 // it.
 func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 	msgs := c.msgs
+	refuse := make([]error, len(msgs)) // why a row cannot be sent
+	for i := range msgs {
+		m := &msgs[i]
+		err := c.bad[m.ID]
+		if err == nil {
+			m.Topic, err = r.routing.Destination(m.Type)
+			err = PermanentReason(ReasonInvalidTopic, err)
+		}
+		refuse[i] = err
+	}
+	checkContracts(r.cfg.Contracts, msgs, refuse)
 	errs := make([]error, len(msgs))
 	var blocked map[uuid.UUID]bool
 	send := make([]Message, 0, len(msgs))
@@ -541,15 +552,7 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 			errs[i] = errDeferred
 			continue
 		}
-		err := c.bad[m.ID]
-		if err == nil {
-			m.Topic, err = r.routing.Destination(m.Type)
-			err = PermanentReason(ReasonInvalidTopic, err)
-		}
-		if err == nil {
-			err = CheckContract(r.cfg.Contracts, m)
-		}
-		if err != nil {
+		if err := refuse[i]; err != nil {
 			errs[i] = err
 			if c.refused == nil {
 				c.refused = map[int64]bool{}

@@ -80,7 +80,9 @@ func ContractViolations(t *testing.T, src Source) {
 		id := e.pg().InsertRaw(t, agg, typ, payload, headers)
 		pc.healthy[id], version[id] = event{agg: agg, seq: id}, want
 	}
-	for range 20 {
+	// Enough rows for a batch that the polling relay checks on several
+	// goroutines (64 rows each).
+	for range 50 {
 		good("order.placed", `'{"order_id": "a", "total_cents": 5}'`, "NULL", "2")
 		good("order.placed", `'{"order_id": "a"}'`, `'{"event_version": "1", "trace": "x"}'`, "1")
 		good("payment.captured", `'{"anything": [1]}'`, "NULL", "")
