@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/contracts"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -169,7 +171,10 @@ func TestContractHoldIsRetriedOnceFixed(t *testing.T) {
 			behind := b.db.InsertRaw(t, agg, "order.placed", `'{"order_id": "a", "total_cents": 2}'`, "NULL")
 			other := b.db.InsertRaw(t, uuid.New(), "order.placed", `'{"order_id": "b", "total_cents": 3}'`, "NULL")
 
-			stop := run(t, b.relayer(t, func(c *relay.Config) { c.Contracts = loadContracts(t, strict) }))
+			m := monitor.NewMetrics()
+			stop := run(t, b.relayer(t, func(c *relay.Config) {
+				c.Contracts, c.Hooks = loadContracts(t, strict), []relay.Hook{m}
+			}))
 			require.Eventually(t, func() bool { return len(b.holds(t)) == 1 }, 10*time.Second, 20*time.Millisecond)
 			h := b.holds(t)[0]
 			require.Equal(t, bad, h.EventID)
@@ -183,6 +188,8 @@ func TestContractHoldIsRetriedOnceFixed(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, map[string]int64{relay.ReasonContract: 1}, rep.HeldByReason)
 			stop()
+			require.Equal(t, 1.0, metricValue(t, m, "outbox_holds_total", map[string]string{"reason": relay.ReasonContract}))
+			require.Equal(t, 1.0, metricValue(t, m, "outbox_publish_errors_total", map[string]string{"kind": "permanent", "code": monitor.CodeRejectedByRelay}))
 
 			// Retried without a fix, it is held again.
 			set := loadContracts(t, tc.fix(t, b, bad))
@@ -216,4 +223,31 @@ func idsOf(recs []record, agg uuid.UUID) []int64 {
 		}
 	}
 	return out
+}
+
+// metricValue reads the value of the counter or gauge name with exactly
+// labels from m, 0 when it has no such series.
+func metricValue(t *testing.T, m *monitor.Metrics, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := m.Registry().Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			got := map[string]string{}
+			for _, l := range mt.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			if !maps.Equal(got, labels) {
+				continue
+			}
+			if c := mt.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return mt.GetGauge().GetValue()
+		}
+	}
+	return 0
 }
