@@ -60,6 +60,12 @@ full batch is being published the next one is claimed on a second
 connection. SIGINT/SIGTERM finish the batch in flight and
 exit 0. Database and broker outages are retried with backoff.
 
+--contracts DIR checks each event of a type with a contract before it is
+sent, against its event_version header or the type's latest version; one
+that breaks it is held with reason contract (parked with --mode wal) until
+it is fixed and retried, and one that passes without the header is sent
+with it (docs/contracts.md).
+
 --mode wal reads committed inserts from a logical replication slot instead
 (wal_level=logical; the role needs REPLICATION): no UPDATE per event, order
 by commit even for producers that take no lock. It creates the publication
