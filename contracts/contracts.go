@@ -81,6 +81,9 @@ type Set struct {
 	// Require makes Check refuse a type without a contract.
 	Require bool
 	types   map[string]*Type
+	// files are every JSON schema file of the directory, decoded, by
+	// path: the compatibility checker follows $refs among them.
+	files map[string]any
 }
 
 // Type is one event type's contract.
@@ -215,6 +218,7 @@ func LoadFS(fsys fs.FS) (*Set, error) {
 		return nil, err
 	}
 
+	s.files = docs
 	for p, doc := range docs {
 		dir, file := path.Split(p)
 		n, ok := versionOf(file)
