@@ -1002,7 +1002,6 @@ func (c *checker) checkArrays(ws []node, rm map[string]any, rd *docCtx, ptr stri
 	}
 }
 
-
 // writerProp is what the writer nodes say of property name: the schemas
 // that apply to it (all must hold), whether some node declares it in
 // "properties", and whether some node forbids it (a closed model that
