@@ -158,8 +158,10 @@ func nodeTypes(m map[string]any) (typeSet, bool) {
 	var t typeSet
 	switch v := raw.(type) {
 	case string:
-		b, ok := typeNames[v]
-		return b, ok
+		if b, ok := typeNames[v]; ok {
+			return b, true
+		}
+		return tAll, false
 	case []any:
 		for _, e := range v {
 			s, _ := e.(string)
@@ -222,6 +224,7 @@ type checker struct {
 type branchOf struct {
 	kw  string
 	i   int
+	n   int // the writer's number of branches
 	ptr string
 }
 
@@ -314,7 +317,7 @@ func (c *checker) check(ws []node, r node, ptr string) {
 			rest[i] = node{v: without(m, kw), doc: w.doc}
 			for j, b := range branches {
 				bptr := ptr + "/" + kw + "/" + strconv.Itoa(j)
-				c.pending = &branchOf{kw: kw, i: j, ptr: bptr}
+				c.pending = &branchOf{kw: kw, i: j, n: len(branches), ptr: bptr}
 				c.check(append(slices.Clone(rest), node{v: b, doc: w.doc}), r, bptr)
 			}
 			return
@@ -1299,7 +1302,9 @@ func (c *checker) checkChoices(ws []node, rm map[string]any, rd *docCtx, ptr str
 				fits = true
 				break
 			}
-			if mine && j == from.i {
+			// The branch at the same place, when there are as many,
+			// is the same branch changed: its own breaks say more.
+			if mine && j == from.i && len(branches) == from.n {
 				counterpart = bs
 			}
 		}
