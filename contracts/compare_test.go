@@ -73,7 +73,7 @@ func TestCompareChainOfCompatibleSteps(t *testing.T) {
 func TestCompareFollowsRefsAmongFiles(t *testing.T) {
 	t.Parallel()
 	set, err := contracts.Load(writeDir(t, map[string]string{
-		"_defs/money.schema.json": `{"$defs":{"cents":{"type":"integer","minimum":0}}}`,
+		"_defs/money.schema.json":     `{"$defs":{"cents":{"type":"integer","minimum":0}}}`,
 		"order.placed/v1.schema.json": `{"type":"object","properties":{"total":{"type":"number"}}}`,
 		"order.placed/v2.schema.json": `{"type":"object","properties":{"total":{"$ref":"../_defs/money.schema.json#/$defs/cents"}}}`,
 	}))
@@ -92,10 +92,10 @@ func TestCompareFollowsRefsAmongFiles(t *testing.T) {
 func TestCompareAgainstEarlierSet(t *testing.T) {
 	t.Parallel()
 	earlierFiles := map[string]string{
-		"_defs/money.schema.json":     `{"type":"integer"}`,
-		"order.placed/v1.schema.json": `{"type":"object","properties":{"id":{"type":"string"}},"additionalProperties":false}`,
-		"order.placed/v2.schema.json": `{"type":"object","properties":{"id":{"type":"string"},"note":{"type":"string"}},"additionalProperties":false}`,
-		"user.created/v1.schema.json": `{"type":"object","properties":{"credit":{"$ref":"../_defs/money.schema.json"}}}`,
+		"_defs/money.schema.json":      `{"type":"integer"}`,
+		"order.placed/v1.schema.json":  `{"type":"object","properties":{"id":{"type":"string"}},"additionalProperties":false}`,
+		"order.placed/v2.schema.json":  `{"type":"object","properties":{"id":{"type":"string"},"note":{"type":"string"}},"additionalProperties":false}`,
+		"user.created/v1.schema.json":  `{"type":"object","properties":{"credit":{"$ref":"../_defs/money.schema.json"}}}`,
 		"payment.taken/v1.schema.json": `{"type":"object"}`,
 		"payment.taken/v2.schema.json": `{"type":"object"}`,
 		"shipment.sent/v1.schema.json": `{"type":"object"}`,
@@ -107,10 +107,10 @@ func TestCompareAgainstEarlierSet(t *testing.T) {
 		"_defs/money.schema.json": `{"type":"integer","minimum":0}`,
 		// v1 laid out anew: not a change. v2 changed. v3 new and
 		// compatible. The mode changed.
-		"order.placed/contract.json":  `{"compatibility":"FULL"}`,
-		"order.placed/v1.schema.json": "{\n  \"additionalProperties\": false,\n  \"properties\": {\"id\": {\"type\": \"string\"}},\n  \"type\": \"object\"\n}\n",
-		"order.placed/v2.schema.json": `{"type":"object","properties":{"id":{"type":"string"},"note":{"type":"string","maxLength":200}},"additionalProperties":false}`,
-		"order.placed/v3.schema.json": `{"type":"object","properties":{"id":{"type":"string"},"note":{"type":"string","maxLength":200}},"additionalProperties":false}`,
+		"order.placed/contract.json":   `{"compatibility":"FULL"}`,
+		"order.placed/v1.schema.json":  "{\n  \"additionalProperties\": false,\n  \"properties\": {\"id\": {\"type\": \"string\"}},\n  \"type\": \"object\"\n}\n",
+		"order.placed/v2.schema.json":  `{"type":"object","properties":{"id":{"type":"string"},"note":{"type":"string","maxLength":200}},"additionalProperties":false}`,
+		"order.placed/v3.schema.json":  `{"type":"object","properties":{"id":{"type":"string"},"note":{"type":"string","maxLength":200}},"additionalProperties":false}`,
 		"user.created/v1.schema.json":  `{"type":"object","properties":{"credit":{"$ref":"../_defs/money.schema.json"}}}`,
 		"payment.taken/v2.schema.json": `{"type":"object"}`,
 		"shipment.sent/v1.schema.json": `{"type":"object"}`,
