@@ -69,7 +69,7 @@ document (docs/contracts.md describes it).`,
 			if against != "" && revGit != "" {
 				return usageError("--against and --against-git both given; compare with one earlier copy")
 			}
-			current, err := contracts.Load(dir.dir)
+			current, err := dir.load()
 			if err != nil {
 				return usageError("%v", err)
 			}
