@@ -218,6 +218,30 @@ type checker struct {
 	depth  int
 	// pending is the writer's anyOf/oneOf branch the next check reads.
 	pending *branchOf
+	// stripped are schemas less some keywords, made once each, so that a
+	// recursive schema meets the same node again and ends.
+	stripped map[string]map[string]any
+	// steps counts checks, so that a schema whose choices multiply ends.
+	steps int
+}
+
+// maxSteps bounds the work on one pair of schemas.
+const maxSteps = 200_000
+
+// strip is m less keys, the same map each time for the same m and keys.
+func (c *checker) strip(m map[string]any, keys ...string) map[string]any {
+	id := identity(m) + "-" + strings.Join(keys, ",")
+	if out, ok := c.stripped[id]; ok {
+		return out
+	}
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		if !slices.Contains(keys, k) {
+			out[k] = v
+		}
+	}
+	c.stripped[id] = out
+	return out
 }
 
 // branchOf is one branch of a writer's anyOf/oneOf, checked on its own.
@@ -229,7 +253,7 @@ type branchOf struct {
 }
 
 func newChecker(dir Direction) *checker {
-	return &checker{dir: dir, seen: map[string]bool{}, active: map[string]bool{}}
+	return &checker{dir: dir, seen: map[string]bool{}, active: map[string]bool{}, stripped: map[string]map[string]any{}}
 }
 
 // add records a break. narrow is the rule when the later version is the
@@ -288,13 +312,14 @@ const maxDepth = 64
 func (c *checker) check(ws []node, r node, ptr string) {
 	c.depth++
 	defer func() { c.depth-- }()
-	if c.depth > maxDepth {
-		c.add(ptr, "schema_too_deep", "schema_too_deep", "the schema nests deeper than the checker follows; check this part by hand")
+	c.steps++
+	if c.depth > maxDepth || c.steps > maxSteps {
+		c.add(ptr, "schema_too_deep", "schema_too_deep", "the schema nests deeper, or its choices multiply further, than the checker follows; check this part by hand")
 		return
 	}
 	var writers []node
 	for _, w := range ws {
-		writers = append(writers, flatten(w, 0)...)
+		writers = append(writers, c.flatten(w, 0)...)
 	}
 	from := c.pending
 	c.pending = nil
@@ -314,7 +339,7 @@ func (c *checker) check(ws []node, r node, ptr string) {
 				continue
 			}
 			rest := slices.Clone(writers)
-			rest[i] = node{v: without(m, kw), doc: w.doc}
+			rest[i] = node{v: c.strip(m, kw), doc: w.doc}
 			for j, b := range branches {
 				bptr := ptr + "/" + kw + "/" + strconv.Itoa(j)
 				c.pending = &branchOf{kw: kw, i: j, n: len(branches), ptr: bptr}
@@ -323,20 +348,9 @@ func (c *checker) check(ws []node, r node, ptr string) {
 			return
 		}
 	}
-	for _, rn := range flatten(r, 0) {
+	for _, rn := range c.flatten(r, 0) {
 		c.checkNode(writers, rn, ptr, from)
 	}
-}
-
-// without is m less key.
-func without(m map[string]any, key string) map[string]any {
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		if k != key {
-			out[k] = v
-		}
-	}
-	return out
 }
 
 func pairKey(ws []node, r node) string {
@@ -358,7 +372,7 @@ func identity(v any) string {
 }
 
 // flatten expands $ref and allOf into the list of nodes that all apply.
-func flatten(n node, depth int) []node {
+func (c *checker) flatten(n node, depth int) []node {
 	m := n.obj()
 	if m == nil || n.unresolved != "" {
 		return []node{n}
@@ -371,19 +385,19 @@ func flatten(n node, depth int) []node {
 	if !hasRef && !hasAll {
 		return []node{n}
 	}
-	out := []node{{v: without(without(m, "$ref"), "allOf"), doc: n.doc}}
+	out := []node{{v: c.strip(m, "$ref", "allOf"), doc: n.doc}}
 	if hasRef {
 		ref, _ := m["$ref"].(string)
 		t, err := resolve(ref, n.doc)
 		if err != nil {
 			out = append(out, node{doc: n.doc, unresolved: err.Error()})
 		} else {
-			out = append(out, flatten(t, depth+1)...)
+			out = append(out, c.flatten(t, depth+1)...)
 		}
 	}
 	if all, ok := m["allOf"].([]any); ok {
 		for _, b := range all {
-			out = append(out, flatten(node{v: b, doc: n.doc}, depth+1)...)
+			out = append(out, c.flatten(node{v: b, doc: n.doc}, depth+1)...)
 		}
 	}
 	return out

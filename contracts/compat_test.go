@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -112,6 +113,7 @@ var compatCases = []struct {
 	{name: "local $ref target tightened", old: `{"$defs":{"cents":{"type":"integer","minimum":0}},` + obj + `"properties":{"total":{"$ref":"#/$defs/cents"}}}`, new: `{"$defs":{"cents":{"type":"integer","minimum":1}},` + obj + `"properties":{"total":{"$ref":"#/$defs/cents"}}}`, backward: []string{"minimum_tightened"}, pointer: "/properties/total"},
 	{name: "draft-07 definitions inlined", old: `{"definitions":{"s":{"type":"string"}},` + obj + `"properties":{"a":{"$ref":"#/definitions/s"}}}`, new: `{` + obj + `"properties":{"a":{"type":"string"}}}`},
 	{name: "recursive schema ends", old: `{"$defs":{"n":{` + obj + `"properties":{"kids":{"type":"array","items":{"$ref":"#/$defs/n"}}},"additionalProperties":false}},"$ref":"#/$defs/n"}`, new: `{"$defs":{"n":{` + obj + `"properties":{"kids":{"type":"array","items":{"$ref":"#/$defs/n"}},"name":{"type":"string"}},"additionalProperties":false}},"$ref":"#/$defs/n"}`, fwd: []string{"property_added_to_closed_model"}},
+	{name: "recursive schema through anyOf ends", old: `{"$defs":{"n":{"anyOf":[{"type":"null"},{` + obj + `"properties":{"v":{"type":"integer"},"next":{"$ref":"#/$defs/n"}},"additionalProperties":false}]}},"$ref":"#/$defs/n"}`, new: `{"$defs":{"n":{"anyOf":[{"type":"null"},{` + obj + `"properties":{"v":{"type":"number"},"next":{"$ref":"#/$defs/n"}},"additionalProperties":false}]}},"$ref":"#/$defs/n"}`, fwd: []string{"type_widened"}},
 	{name: "$ref to another file cannot be read alone", old: `{"$ref":"../_defs/money.json"}`, new: `{"$ref":"../_defs/money.json"}`, backward: []string{"unresolved_ref"}, fwd: []string{"unresolved_ref"}},
 	{name: "anyOf branch added", old: `{"anyOf":[{"type":"string"},{"type":"integer"}]}`, new: `{"anyOf":[{"type":"string"},{"type":"integer"},{"type":"null"}]}`, fwd: []string{"any_of_branch_added"}, pointer: "/anyOf/2"},
 	{name: "anyOf branch removed", old: `{"anyOf":[{"type":"string"},{"type":"integer"}]}`, new: `{"anyOf":[{"type":"string"}]}`, backward: []string{"any_of_branch_removed"}, pointer: "/anyOf/1"},
@@ -153,4 +155,17 @@ func TestCompareSchemas(t *testing.T) {
 			require.Empty(t, contracts.CompareSchemas(old, new, contracts.None))
 		})
 	}
+}
+
+// A schema deeper than the checker follows is reported, not passed.
+func TestCompareSchemasTooDeep(t *testing.T) {
+	t.Parallel()
+	nest := func(leaf string) string {
+		return strings.Repeat(`{"type":"object","properties":{"a":`, 70) + leaf + strings.Repeat(`}}`, 70)
+	}
+	bs := contracts.CompareSchemas(decode(t, nest(`{"type":"number"}`)), decode(t, nest(`{"type":"integer"}`)), contracts.Backward)
+	require.Equal(t, []string{"schema_too_deep"}, rules(bs, contracts.DirBackward))
+
+	// Unchanged, it holds without going down.
+	require.Empty(t, contracts.CompareSchemas(decode(t, nest(`{"type":"number"}`)), decode(t, nest(`{"type":"number"}`)), contracts.Full))
 }
