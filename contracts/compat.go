@@ -98,6 +98,10 @@ type node struct {
 	doc *docCtx
 	// unresolved is why a $ref could not be followed.
 	unresolved string
+	// partial: the node is a schema less its allOf/$ref, and holds a
+	// keyword (unevaluatedProperties, ...) whose meaning depends on them,
+	// so equal text proves nothing.
+	partial bool
 }
 
 func (n node) obj() map[string]any { m, _ := n.v.(map[string]any); return m }
@@ -385,7 +389,9 @@ func (c *checker) flatten(n node, depth int) []node {
 	if !hasRef && !hasAll {
 		return []node{n}
 	}
-	out := []node{{v: c.strip(m, "$ref", "allOf"), doc: n.doc}}
+	_, ue1 := m["unevaluatedProperties"]
+	_, ue2 := m["unevaluatedItems"]
+	out := []node{{v: c.strip(m, "$ref", "allOf"), doc: n.doc, partial: ue1 || ue2}}
 	if hasRef {
 		ref, _ := m["$ref"].(string)
 		t, err := resolve(ref, n.doc)
@@ -580,9 +586,9 @@ func (c *checker) checkNode(ws []node, rn node, ptr string, from *branchOf) {
 		return
 	}
 	// An unchanged subschema with nothing that points elsewhere holds.
-	if !hasRef(rm) {
+	if !hasRef(rm) && !rn.partial {
 		for _, w := range ws {
-			if w.unresolved == "" && jsonEqual(w.v, rm) {
+			if w.unresolved == "" && !w.partial && jsonEqual(constraints(w.obj()), constraints(rm)) {
 				return
 			}
 		}
@@ -1083,6 +1089,20 @@ func writerOthers(ws []node) (schemas []node, never bool) {
 		}
 	}
 	return schemas, never
+}
+
+// constraints is m less its annotations (top level only).
+func constraints(m map[string]any) map[string]any {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		if !annotations[k] {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // trivial: a schema that accepts everything.

@@ -129,6 +129,8 @@ var compatCases = []struct {
 	{name: "unknown keyword unchanged beside a compatible change", old: `{` + obj + `"dependentRequired":{"a":["b"]},"maxProperties":3}`, new: `{` + obj + `"dependentRequired":{"a":["b"]},"maxProperties":4}`, fwd: []string{"max_properties_loosened"}},
 	{name: "if/then changed", old: `{"if":{"required":["a"]},"then":{"required":["b"]}}`, new: `{"if":{"required":["a"]},"then":{"required":["c"]}}`, backward: []string{"unsupported_keyword"}, fwd: []string{"unsupported_keyword"}},
 	{name: "unevaluatedProperties beside a change", old: `{` + obj + `"properties":{"a":{"type":"string"}},"unevaluatedProperties":false}`, new: `{` + obj + `"properties":{"a":{"type":"string"},"b":{"type":"string"}},"unevaluatedProperties":false}`, backward: []string{"property_added_to_open_model", "unsupported_keyword"}, fwd: []string{"unsupported_keyword"}},
+	{name: "unevaluatedProperties unchanged", old: `{` + obj + `"properties":{"a":{"type":"string"}},"unevaluatedProperties":false}`, new: `{"properties":{"a":{"type":"string"}},"unevaluatedProperties":false,` + obj + `"title":"x"}`},
+	{name: "unevaluatedProperties beside an allOf that changed", old: `{"allOf":[{"properties":{"a":{}}}],"unevaluatedProperties":false}`, new: `{"allOf":[{"properties":{"a":{},"b":{}}}],"unevaluatedProperties":false}`, backward: []string{"unsupported_keyword"}, fwd: []string{"unsupported_keyword"}},
 	{name: "a type the checker does not know", old: `{"type":"string"}`, new: `{"type":"text"}`, backward: []string{"unsupported_keyword"}, fwd: []string{"type_widened"}},
 }
 
