@@ -58,8 +58,9 @@ func (b Break) String() string {
 // Backward, what a reader using later would reject of earlier's events;
 // with Forward, what a reader using earlier would reject of later's;
 // both with Full; nothing with None. The _TRANSITIVE forms compare the
-// same way (which pairs to compare is the caller's: Compare does it). A $ref to another file cannot be resolved here and is
-// reported as unresolved_ref; Set.CompareVersions resolves them.
+// same way (which pairs to compare is the caller's: Compare does it).
+// A $ref to another file cannot be resolved here and is reported as
+// unresolved_ref; Set.CompareVersions resolves them.
 func CompareSchemas(earlier, later any, mode Compatibility) []Break {
 	return compareDocs(&docCtx{root: earlier}, &docCtx{root: later}, mode)
 }
