@@ -128,3 +128,27 @@ func TestEmitVersionsSQL(t *testing.T) {
 		require.Equal(t, "1,3", list)
 	}
 }
+
+// In the WAL-only modes a dual emit takes the batch's path: no row is
+// left, ids ascend with the versions.
+func TestEmitVersionsWALOnlyModes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, mode := range []outbox.Mode{outbox.ModeInsertDelete, outbox.ModeMessage} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			db, p := setup(t, outbox.Config{Mode: mode})
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			ids, err := p.EmitVersions(ctx, tx, outbox.Event{AggregateID: uuid.New(), Type: "order.placed"},
+				outbox.VersionedPayload{Version: 1, Payload: map[string]any{"total": 1}},
+				outbox.VersionedPayload{Version: 2, Payload: map[string]any{"total_cents": 100}},
+			)
+			require.NoError(t, err)
+			require.NoError(t, tx.Commit(ctx))
+			require.Len(t, ids, 2)
+			require.Greater(t, ids[1], ids[0])
+			require.Zero(t, countRows(t, db))
+		})
+	}
+}
