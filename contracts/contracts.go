@@ -188,32 +188,7 @@ func LoadFS(fsys fs.FS) (*Set, error) {
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.UseLoader(noRemote{})
-	// Every JSON file is a resource, so a schema can $ref a shared one.
-	docs := map[string]any{}
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p != "." && strings.HasPrefix(d.Name(), ".") {
-			if d.IsDir() {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if d.IsDir() || !strings.HasSuffix(p, ".json") || p == "contracts.json" || path.Base(p) == "contract.json" {
-			return nil
-		}
-		raw, err := fs.ReadFile(fsys, p)
-		if err != nil {
-			return err
-		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-		if err != nil {
-			return fmt.Errorf("contracts: %s is not valid JSON: %v", p, err)
-		}
-		docs[p] = doc
-		return c.AddResource(baseURL+p, doc)
-	})
+	docs, err := addResources(fsys, c)
 	if err != nil {
 		return nil, err
 	}
@@ -255,6 +230,38 @@ func LoadFS(fsys fs.FS) (*Set, error) {
 		sort.Slice(t.Versions, func(i, j int) bool { return t.Versions[i].Number < t.Versions[j].Number })
 	}
 	return s, nil
+}
+
+// addResources decodes every JSON file of fsys but the settings files and
+// adds it to c as a resource, so a schema can $ref a shared one; it
+// returns the decoded documents by path.
+func addResources(fsys fs.FS, c *jsonschema.Compiler) (map[string]any, error) {
+	docs := map[string]any{}
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != "." && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".json") || p == "contracts.json" || path.Base(p) == "contract.json" {
+			return nil
+		}
+		raw, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return err
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+		if err != nil {
+			return fmt.Errorf("contracts: %s is not valid JSON: %v", p, err)
+		}
+		docs[p] = doc
+		return c.AddResource(baseURL+p, doc)
+	})
+	return docs, err
 }
 
 func compatList() string {
