@@ -44,6 +44,7 @@ func TestContractsCheckExitCodes(t *testing.T) {
 	layContracts(t, dir, map[string]string{
 		"order.placed/v1.schema.json": integerTotal,
 		"order.placed/v2.schema.json": numberTotal,
+		"contracts.json":              `{"compatibility": "BACKWARD"}`,
 		"user.created/v1.schema.json": `{"type":"object"}`,
 	})
 	code, out, errOut := runCheck(t, "--contracts", dir)
@@ -107,10 +108,12 @@ func TestContractsCheckJSON(t *testing.T) {
 	layContracts(t, earlier, map[string]string{
 		"order.placed/v1.schema.json":  numberTotal,
 		"refund.issued/v1.schema.json": `{"type":"object"}`,
+		"contracts.json":               `{"compatibility": "BACKWARD"}`,
 	})
 	layContracts(t, current, map[string]string{
 		"order.placed/v1.schema.json": numberTotal,
 		"order.placed/v2.schema.json": integerTotal,
+		"contracts.json":              `{"compatibility": "BACKWARD"}`,
 	})
 	code, out, errOut := runCheck(t, "--contracts", current, "--against", earlier, "--json")
 	require.Equal(t, 1, code, errOut)
@@ -166,6 +169,7 @@ func TestContractsCheckAgainstGit(t *testing.T) {
 	layContracts(t, contractsDir, map[string]string{
 		"order.placed/v1.schema.json": numberTotal,
 		"_defs/money.schema.json":     `{"type":"integer"}`,
+		"contracts.json":              `{"compatibility": "BACKWARD"}`,
 		"user.created/v1.schema.json": `{"type":"object","properties":{"credit":{"$ref":"../_defs/money.schema.json"}}}`,
 	})
 	layContracts(t, repo, map[string]string{"README": "not a contract\n"})

@@ -73,6 +73,7 @@ func TestCompareChainOfCompatibleSteps(t *testing.T) {
 func TestCompareFollowsRefsAmongFiles(t *testing.T) {
 	t.Parallel()
 	set, err := contracts.Load(writeDir(t, map[string]string{
+		"contracts.json":              `{"compatibility":"BACKWARD"}`,
 		"_defs/money.schema.json":     `{"$defs":{"cents":{"type":"integer","minimum":0}}}`,
 		"order.placed/v1.schema.json": `{"type":"object","properties":{"total":{"type":"number"}}}`,
 		"order.placed/v2.schema.json": `{"type":"object","properties":{"total":{"$ref":"../_defs/money.schema.json#/$defs/cents"}}}`,
@@ -92,6 +93,7 @@ func TestCompareFollowsRefsAmongFiles(t *testing.T) {
 func TestCompareAgainstEarlierSet(t *testing.T) {
 	t.Parallel()
 	earlierFiles := map[string]string{
+		"contracts.json":               `{"compatibility":"BACKWARD"}`,
 		"_defs/money.schema.json":      `{"type":"integer"}`,
 		"order.placed/v1.schema.json":  `{"type":"object","properties":{"id":{"type":"string"}},"additionalProperties":false}`,
 		"order.placed/v2.schema.json":  `{"type":"object","properties":{"id":{"type":"string"},"note":{"type":"string"}},"additionalProperties":false}`,
@@ -103,6 +105,7 @@ func TestCompareAgainstEarlierSet(t *testing.T) {
 		"refund.issued/v1.schema.json": `{"type":"object"}`,
 	}
 	currentFiles := map[string]string{
+		"contracts.json": `{"compatibility":"BACKWARD"}`,
 		// Changed, and a shared file one version $refs.
 		"_defs/money.schema.json": `{"type":"integer","minimum":0}`,
 		// v1 laid out anew: not a change. v2 changed. v3 new and
@@ -150,7 +153,7 @@ func TestCompareAgainstEarlierSet(t *testing.T) {
 	}
 
 	// With "require": true, a removed type fails Emit: an error.
-	currentFiles["contracts.json"] = `{"require":true}`
+	currentFiles["contracts.json"] = `{"require":true,"compatibility":"BACKWARD"}`
 	current, err = contracts.Load(writeDir(t, currentFiles))
 	require.NoError(t, err)
 	rep = contracts.Compare(earlier, current)

@@ -41,8 +41,13 @@ const (
 	FullTransitive Compatibility = "FULL_TRANSITIVE"
 )
 
-// DefaultCompatibility is the mode of a type that declares none.
-const DefaultCompatibility = Backward
+// DefaultCompatibility is the mode of a type that declares none:
+// every consumer written against an earlier version reads the events of a
+// new one. In an outbox the producer owns the event type and ships first,
+// while consumers of every age keep reading the topic; events older than
+// a consumer's version reach it through upcasters. (The Confluent
+// registry defaults to BACKWARD, where consumers upgrade first.)
+const DefaultCompatibility = ForwardTransitive
 
 // Compatibilities lists every mode, for help texts and errors.
 var Compatibilities = []Compatibility{None, Backward, BackwardTransitive, Forward, ForwardTransitive, Full, FullTransitive}
