@@ -335,7 +335,7 @@ func (p *Producer) insertErr(err error) error {
 // they bind through database/sql too).
 func (p *Producer) prepareOne(ctx context.Context, ev Event) (string, []any, error) {
 	ev.Headers = withTrace(ev.Headers, p.traceHeaders(ctx))
-	payload, hdr, err := p.validate(ev)
+	payload, hdr, err := p.validate(ev, "")
 	if err != nil {
 		return "", nil, err
 	}
@@ -364,7 +364,13 @@ func b2i(b bool) int {
 // returns their ids, in input order. Every event is validated first: on a
 // validation error nothing is sent and tx is untouched.
 func (p *Producer) EmitBatch(ctx context.Context, tx pgx.Tx, events []Event) ([]int64, error) {
-	sql, args, err := p.prepare(ctx, events, false)
+	return p.emitBatch(ctx, tx, events, "")
+}
+
+// emitBatch is EmitBatch; versions, when not "", is the event_versions
+// header every event gets (EmitVersions).
+func (p *Producer) emitBatch(ctx context.Context, tx pgx.Tx, events []Event, versions string) ([]int64, error) {
+	sql, args, err := p.prepare(ctx, events, false, versions)
 	if err != nil {
 		return nil, err
 	}
@@ -407,7 +413,12 @@ func (p *Producer) EmitSQL(ctx context.Context, tx *sql.Tx, ev Event) (int64, er
 
 // EmitBatchSQL is EmitBatch for a database/sql transaction.
 func (p *Producer) EmitBatchSQL(ctx context.Context, tx *sql.Tx, events []Event) ([]int64, error) {
-	query, args, err := p.prepare(ctx, events, true)
+	return p.emitBatchSQL(ctx, tx, events, "")
+}
+
+// emitBatchSQL is EmitBatchSQL; versions as for emitBatch.
+func (p *Producer) emitBatchSQL(ctx context.Context, tx *sql.Tx, events []Event, versions string) ([]int64, error) {
+	query, args, err := p.prepare(ctx, events, true, versions)
 	if err != nil {
 		return nil, err
 	}
@@ -486,8 +497,9 @@ func (p *Producer) orderIDs(ids []int64, n int) ([]int64, error) {
 // prepare adds ctx's trace context to every event's headers, validates
 // events and builds the statement's arguments. With text set, arrays are
 // passed as Postgres array literals (for database/sql drivers that cannot
-// bind Go slices).
-func (p *Producer) prepare(ctx context.Context, events []Event, text bool) (string, []any, error) {
+// bind Go slices). versions, when not "", is the event_versions header of
+// a dual emit, given to every event.
+func (p *Producer) prepare(ctx context.Context, events []Event, text bool, versions string) (string, []any, error) {
 	if len(events) == 0 {
 		return "", nil, ErrEmptyBatch
 	}
@@ -499,8 +511,11 @@ func (p *Producer) prepare(ctx context.Context, events []Event, text bool) (stri
 	var keys []int32
 	for i, ev := range events {
 		ev.Headers = withTrace(ev.Headers, tc)
-		payload, hdr, err := p.validate(ev)
+		payload, hdr, err := p.validate(ev, versions)
 		if err != nil {
+			if versions != "" {
+				return "", nil, fmt.Errorf("version %d of %s: %w", ev.Version, versions, err)
+			}
 			if len(events) > 1 {
 				return "", nil, fmt.Errorf("event %d of %d: %w", i, len(events), err)
 			}
@@ -545,7 +560,8 @@ func (p *Producer) lockKey(id uuid.UUID) int32 {
 // (which would abort the caller's transaction) and what the sink would, as
 // its Routing says: a type with no destination, an event over the limit
 // once Postgres has normalised the payload. Nothing is rewritten.
-func (p *Producer) validate(ev Event) ([]byte, string, error) {
+// versions, when not "", is the event_versions header to add (EmitVersions).
+func (p *Producer) validate(ev Event, versions string) ([]byte, string, error) {
 	if ev.Type == "" {
 		return nil, "", fmt.Errorf("%w; set Event.Type, e.g. \"order.placed\"", ErrEmptyType)
 	}
@@ -581,7 +597,7 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
-	if ev.Headers, err = p.checkContract(ev); err != nil {
+	if ev.Headers, err = p.checkContract(ev, versions); err != nil {
 		return nil, "", err
 	}
 	if err := p.checkSize(ev, payload, n, multiKey); err != nil {
@@ -600,10 +616,14 @@ func (p *Producer) validate(ev Event) ([]byte, string, error) {
 // checkContract checks ev's payload (JSON text, as serialised) against its
 // type's contract and returns its headers with the event_version header
 // of the version checked (or of Event.Version when there are no
-// contracts). The caller's map is never modified.
-func (p *Producer) checkContract(ev Event) (map[string]string, error) {
+// contracts), and the event_versions header when versions is not "". The
+// caller's map is never modified.
+func (p *Producer) checkContract(ev Event, versions string) (map[string]string, error) {
 	if _, set := ev.Headers[HeaderEventVersion]; set {
 		return nil, fmt.Errorf("%w (type %s): header %q is written from Event.Version; set that instead", ErrInvalidHeaders, quoteShort(ev.Type), HeaderEventVersion)
+	}
+	if _, set := ev.Headers[HeaderEventVersions]; set {
+		return nil, fmt.Errorf("%w (type %s): header %q is written by EmitVersions, from the versions it is given; emit the versions with it instead", ErrInvalidHeaders, quoteShort(ev.Type), HeaderEventVersions)
 	}
 	if ev.Version < 0 {
 		return nil, fmt.Errorf("%w (type %s): Event.Version is %d; versions start at 1 (0 means the type's latest)", ErrContractViolation, quoteShort(ev.Type), ev.Version)
@@ -618,11 +638,14 @@ func (p *Producer) checkContract(ev Event) (map[string]string, error) {
 	if version == 0 {
 		return ev.Headers, nil
 	}
-	h := make(map[string]string, len(ev.Headers)+1)
+	h := make(map[string]string, len(ev.Headers)+2)
 	for k, v := range ev.Headers {
 		h[k] = v
 	}
 	h[HeaderEventVersion] = strconv.Itoa(version)
+	if versions != "" {
+		h[HeaderEventVersions] = versions
+	}
 	return h, nil
 }
 

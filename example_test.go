@@ -218,3 +218,55 @@ func ExampleKafkaRouting_Destination() {
 	// prod.order
 	// true
 }
+
+// EmitVersions writes one logical event in two versions of its contract
+// while consumers migrate from v1 to v2: a row per version, each carrying
+// the event_versions header that lets a consumer apply one of them.
+func ExampleEmitVersions() {
+	ctx := context.Background()
+	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	defer drop()
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer conn.Close(ctx)
+
+	orderID := uuid.New()
+	var ids []int64
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// ... insert the order with tx ...
+		var err error
+		ids, err = outbox.EmitVersions(ctx, tx, outbox.Event{AggregateID: orderID, Type: "order.placed"},
+			outbox.VersionedPayload{Version: 1, Payload: map[string]any{"order_id": orderID, "total": 19.99}},
+			outbox.VersionedPayload{Version: 2, Payload: map[string]any{"order_id": orderID, "total_cents": 1999, "currency": "EUR"}},
+		)
+		return err
+	})
+	if err != nil {
+		fmt.Println("order not placed:", err)
+		return
+	}
+	fmt.Println("ids", ids)
+	rows, err := conn.Query(ctx, "SELECT id, headers->>'event_version', headers->>'event_versions' FROM events_outbox ORDER BY id")
+	if err != nil {
+		fmt.Println("read back:", err)
+		return
+	}
+	var (
+		id            int64
+		version, list string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &version, &list}, func() error {
+		fmt.Printf("event %d: version %s of %s\n", id, version, list)
+		return nil
+	})
+	if err != nil {
+		fmt.Println("read back:", err)
+	}
+	// Output:
+	// ids [1 2]
+	// event 1: version 1 of 1,2
+	// event 2: version 2 of 1,2
+}

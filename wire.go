@@ -29,6 +29,15 @@ const (
 // row's headers themselves. Consumers pick an upcaster by it.
 const HeaderEventVersion = "event_version"
 
+// HeaderEventVersions lists, on each row of a dual emit
+// (Producer.EmitVersions), every version emitted together for the one
+// logical event: ascending decimals separated by commas, e.g. "1,2". A
+// consumer that reads one version applies the row of that version and
+// skips the others (consumer.Upcasters.Want does); a consumer that reads
+// every row sees the event once per version. Emit refuses it as a user
+// header.
+const HeaderEventVersions = "event_versions"
+
 // ContentTypeJSON is the value of the content-type header.
 const ContentTypeJSON = "application/json"
 

@@ -18,6 +18,7 @@ type holding v1.schema.json, v2.schema.json, ... (docs/contracts.md).
 Producers, 'outbox relay' and 'outbox consume' read it with --contracts DIR.`,
 	}
 	groupOnly(cmd)
+	cmd.AddCommand(newContractsCheckCmd(g))
 	return cmd
 }
 

@@ -61,6 +61,16 @@
 // come from one outbox. Give the sources before the second producer
 // appears: renaming a source later makes its old events look new.
 //
+// # Contract versions
+//
+// An event carries the version of its type's contract in its
+// event_version header (Event.Version). Upcasters.Want makes a handler
+// read one version: older events are upcast step by step by the
+// Upcasters registered, and of an event the producer wrote in several
+// versions at once (outbox.EmitVersions, the event_versions header) one
+// row is applied and the others skipped. What cannot be read as that
+// version is dead-lettered with a reason that says what to do.
+//
 // # Usage
 //
 //	c, err := consumer.New(consumer.Config{

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"math"
 	"os"
 	"os/signal"
 	"syscall"
@@ -125,4 +126,46 @@ func exampleDatabase() (url string, drop func()) {
 		log.Fatal(err)
 	}
 	return url, drop
+}
+
+// A handler that reads order.placed v2 sees v1 events upcast, and applies
+// an event dual-emitted as v1 and v2 once, from its v2 row.
+func ExampleUpcasters_Want() {
+	ups := &consumer.Upcasters{}
+	err := ups.Register("order.placed", 1, func(p json.RawMessage) (json.RawMessage, error) {
+		var v1 struct {
+			OrderID string  `json:"order_id"`
+			Total   float64 `json:"total"`
+		}
+		if err := json.Unmarshal(p, &v1); err != nil {
+			return nil, err
+		}
+		return json.Marshal(map[string]any{"order_id": v1.OrderID, "total_cents": int64(math.Round(v1.Total * 100)), "currency": "EUR"})
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	handle := ups.Want("order.placed", 2)(func(ctx context.Context, tx pgx.Tx, ev consumer.Event) error {
+		fmt.Printf("event %d as v%d: %s\n", ev.ID, ev.Version, ev.Payload)
+		return nil
+	})
+	for _, ev := range []consumer.Event{
+		{ID: 1, Type: "order.placed", Payload: []byte(`{"order_id":"a","total":12.5}`),
+			Headers: map[string]string{"event_version": "1"}},
+		// A dual emit: the v1 row is skipped, the v2 row applied.
+		{ID: 2, Type: "order.placed", Payload: []byte(`{"order_id":"b","total":30}`),
+			Headers: map[string]string{"event_version": "1", "event_versions": "1,2"}},
+		{ID: 3, Type: "order.placed", Payload: []byte(`{"order_id":"b","total_cents":3000,"currency":"EUR"}`),
+			Headers: map[string]string{"event_version": "2", "event_versions": "1,2"}},
+		// Newer than the handler: a Permanent error, dead-lettered.
+		{ID: 4, Type: "order.placed", Payload: []byte(`{}`), Headers: map[string]string{"event_version": "3"}},
+	} {
+		if err := handle(context.Background(), nil, ev); err != nil {
+			fmt.Println("dead letter:", consumer.IsPermanent(err))
+		}
+	}
+	// Output:
+	// event 1 as v2: {"currency":"EUR","order_id":"a","total_cents":1250}
+	// event 3 as v2: {"order_id":"b","total_cents":3000,"currency":"EUR"}
+	// dead letter: true
 }

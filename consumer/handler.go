@@ -26,6 +26,15 @@ type Event struct {
 	AggregateID uuid.UUID
 	// Payload is the JSON body.
 	Payload []byte
+	// Version is the version of the type's contract the payload follows:
+	// the event_version header (outbox.HeaderEventVersion), or 0 when the
+	// header is absent or not a positive decimal. Upcasters.Want sets it,
+	// with Payload, to the version the handler reads.
+	Version int
+	// OriginalPayload is the payload as delivered when an upcaster
+	// (Upcasters.Want) has replaced Payload; nil otherwise. The
+	// event_version header still holds the version it was delivered in.
+	OriginalPayload []byte
 	// Headers holds every header of the record, including event_id,
 	// event_type and event_source. A repeated header keeps its last value,
 	// except those the relayer sets (outbox.IsReservedHeader), which keep

@@ -112,6 +112,12 @@ func decodeEvent(ev Event, key string) (Event, *MalformedError) {
 			return ev, &MalformedError{fmt.Sprintf("%s header %q %s; it must be text Postgres can store", h.name, clip.Text(h.value, 64), why)}
 		}
 	}
+	// A version that does not parse is left 0 here: only a handler that
+	// reads versions (Upcasters.Want) refuses it, so consumers that never
+	// look at versions keep working when a producer writes a bad header.
+	if v, err := parseVersion(ev.Headers[outbox.HeaderEventVersion]); err == nil {
+		ev.Version = v
+	}
 	if agg, err := uuid.Parse(key); err == nil {
 		ev.AggregateID = agg
 	}

@@ -41,8 +41,13 @@ const (
 	FullTransitive Compatibility = "FULL_TRANSITIVE"
 )
 
-// DefaultCompatibility is the mode of a type that declares none.
-const DefaultCompatibility = Backward
+// DefaultCompatibility is the mode of a type that declares none:
+// every consumer written against an earlier version reads the events of a
+// new one. In an outbox the producer owns the event type and ships first,
+// while consumers of every age keep reading the topic; events older than
+// a consumer's version reach it through upcasters. (The Confluent
+// registry defaults to BACKWARD, where consumers upgrade first.)
+const DefaultCompatibility = ForwardTransitive
 
 // Compatibilities lists every mode, for help texts and errors.
 var Compatibilities = []Compatibility{None, Backward, BackwardTransitive, Forward, ForwardTransitive, Full, FullTransitive}
@@ -81,6 +86,9 @@ type Set struct {
 	// Require makes Check refuse a type without a contract.
 	Require bool
 	types   map[string]*Type
+	// files are every JSON schema file of the directory, decoded, by
+	// path: the compatibility checker follows $refs among them.
+	files map[string]any
 }
 
 // Type is one event type's contract.
@@ -185,36 +193,12 @@ func LoadFS(fsys fs.FS) (*Set, error) {
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.UseLoader(noRemote{})
-	// Every JSON file is a resource, so a schema can $ref a shared one.
-	docs := map[string]any{}
-	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p != "." && strings.HasPrefix(d.Name(), ".") {
-			if d.IsDir() {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if d.IsDir() || !strings.HasSuffix(p, ".json") || p == "contracts.json" || path.Base(p) == "contract.json" {
-			return nil
-		}
-		raw, err := fs.ReadFile(fsys, p)
-		if err != nil {
-			return err
-		}
-		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-		if err != nil {
-			return fmt.Errorf("contracts: %s is not valid JSON: %v", p, err)
-		}
-		docs[p] = doc
-		return c.AddResource(baseURL+p, doc)
-	})
+	docs, err := addResources(fsys, c)
 	if err != nil {
 		return nil, err
 	}
 
+	s.files = docs
 	for p, doc := range docs {
 		dir, file := path.Split(p)
 		n, ok := versionOf(file)
@@ -251,6 +235,38 @@ func LoadFS(fsys fs.FS) (*Set, error) {
 		sort.Slice(t.Versions, func(i, j int) bool { return t.Versions[i].Number < t.Versions[j].Number })
 	}
 	return s, nil
+}
+
+// addResources decodes every JSON file of fsys but the settings files and
+// adds it to c as a resource, so a schema can $ref a shared one; it
+// returns the decoded documents by path.
+func addResources(fsys fs.FS, c *jsonschema.Compiler) (map[string]any, error) {
+	docs := map[string]any{}
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != "." && strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() || !strings.HasSuffix(p, ".json") || p == "contracts.json" || path.Base(p) == "contract.json" {
+			return nil
+		}
+		raw, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return err
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+		if err != nil {
+			return fmt.Errorf("contracts: %s is not valid JSON: %v", p, err)
+		}
+		docs[p] = doc
+		return c.AddResource(baseURL+p, doc)
+	})
+	return docs, err
 }
 
 func compatList() string {

@@ -38,7 +38,7 @@ func TestCheckNamesPointerAndRule(t *testing.T) {
 	require.NoError(t, err)
 	typ := set.Type("order.placed")
 	require.NotNil(t, typ)
-	require.Equal(t, contracts.Backward, typ.Compatibility)
+	require.Equal(t, contracts.ForwardTransitive, typ.Compatibility, "the default mode")
 	require.Len(t, typ.Versions, 2)
 	require.Nil(t, set.Type("_defs"), "a folder starting with _ is not a type")
 

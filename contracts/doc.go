@@ -24,13 +24,15 @@
 //
 // contracts.json and contract.json are JSON objects:
 //
-//	{"compatibility": "BACKWARD", "require": false}
+//	{"compatibility": "FORWARD_TRANSITIVE", "require": false}
 //
 // compatibility is the mode `outbox contracts check` enforces between a
 // type's versions: NONE, BACKWARD, BACKWARD_TRANSITIVE, FORWARD,
 // FORWARD_TRANSITIVE, FULL or FULL_TRANSITIVE, with the meanings of the
-// Confluent schema registry (BACKWARD: a consumer using the new version
-// reads events written with the previous one). It defaults to BACKWARD.
+// Confluent schema registry (FORWARD: a consumer using the previous
+// version reads events written with the new one). It defaults to
+// FORWARD_TRANSITIVE: every consumer written against an earlier version
+// reads the events of the new one.
 // require (top level only) makes a type without a contract an error
 // (ErrNoContract) where it would otherwise pass unchecked.
 //

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/contracts"
 	"github.com/pgoutbox/outbox/internal/lockkey"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 )
@@ -278,6 +279,25 @@ func TestEmitFunctionFromPython(t *testing.T) {
 	var rows int
 	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Tables.OutboxIdent()+" WHERE headers ? 'trace' OR headers ? 'n'").Scan(&rows))
 	require.Equal(t, n+1, rows, "the concurrent events and place_order's")
+	requireContract(t, db, "headers ? 'trace'")
+}
+
+// requireContract checks that the one event where cond holds is an
+// order.placed of the worked example's contract, in the version its
+// event_version header names (examples/contracts).
+func requireContract(t *testing.T, db *pgtest.DB, cond string) {
+	t.Helper()
+	set, err := contracts.Load(filepath.Join("..", "examples", "contracts", "contracts"))
+	require.NoError(t, err)
+	var (
+		typ, version string
+		payload      []byte
+	)
+	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT type, coalesce(headers->>'event_version', ''), payload FROM "+db.Tables.OutboxIdent()+" WHERE "+cond).Scan(&typ, &version, &payload))
+	v, err := strconv.Atoi(version)
+	require.NoError(t, err, "the event_version header")
+	_, err = set.Check(typ, v, payload)
+	require.NoError(t, err, "the producer's %s follows its contract", payload)
 }
 
 // The psql snippet of docs/producers.md runs as shown, and a refused event says why
@@ -297,6 +317,7 @@ func TestEmitFunctionFromPsql(t *testing.T) {
 	var typ string
 	require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT type FROM "+db.Tables.OutboxIdent()+" WHERE aggregate_id = '6ba7b810-9dad-11d1-80b4-00c04fd430c8'").Scan(&typ))
 	require.Equal(t, "order.placed", typ)
+	requireContract(t, db, "aggregate_id = '6ba7b810-9dad-11d1-80b4-00c04fd430c8'")
 
 	out, err = run("-c", `SELECT events_outbox_emit(gen_random_uuid(), 'order.placed', '{}', '{"retries": 3}')`)
 	require.Error(t, err)

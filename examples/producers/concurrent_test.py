@@ -41,7 +41,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-place_order(conninfo, aggs[0], 42)
+place_order(conninfo, aggs[0], 4200)
 for line in out:
     print(line)
 if failures:

@@ -9,13 +9,16 @@ async function emit(client, aggregateId, type, payload, headers = null) {
   return rows[0].id; // a string: bigint does not fit a JS number
 }
 
-async function placeOrder(orderId, total) {
+async function placeOrder(orderId, totalCents, currency = "EUR") {
   const client = new Client(); // PGHOST, PGDATABASE, ... from the environment
   await client.connect();
   try {
     await client.query("BEGIN");
     // ... the business writes, e.g. INSERT INTO orders ...
-    const id = await emit(client, orderId, "order.placed", { total });
+    // order.placed v2 (examples/contracts), version in event_version.
+    const id = await emit(client, orderId, "order.placed",
+      { order_id: orderId, total_cents: totalCents, currency },
+      { event_version: "2" });
     await client.query("COMMIT");
     return id;
   } catch (err) {
