@@ -51,7 +51,7 @@ connects to nothing.`,
 	f.StringVar(&o.title, "title", "outbox events", "the document's title")
 	f.StringVar(&o.version, "version", "1.0.0", "the document's version (of the API it describes)")
 	f.BoolVar(&o.cloudEvents, "cloudevents", false, "describe the CloudEvents headers the relay adds with --cloudevents")
-	f.StringVarP(&o.out, "output", "o", "", "write the document to this file (default: standard output)")
+	f.StringVarP(&o.out, "file", "o", "", "write the document to this file (default: standard output)")
 	return cmd
 }
 
@@ -85,7 +85,7 @@ func runContractsAsyncAPI(c *cobra.Command, o *asyncAPIOptions) error {
 		return err
 	}
 	if err := os.WriteFile(o.out, b, 0o644); err != nil {
-		return fmt.Errorf("-o: %w", err)
+		return fmt.Errorf("--file: %w", err)
 	}
 	return nil
 }

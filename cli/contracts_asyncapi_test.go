@@ -70,7 +70,7 @@ func TestContractsAsyncAPIMistakes(t *testing.T) {
 		{[]string{"--contracts", asyncAPIContracts, "--sink", "nosuch://x"}, "unknown scheme"},
 		{[]string{"--contracts", asyncAPIContracts, "--sink", "nats://x:4222", "--brokers", "k:9092"}, "give one of them"},
 		{[]string{"--contracts", asyncAPIContracts, "--topic-prefix", "bad prefix"}, "--topic-prefix"},
-		{[]string{"--contracts", asyncAPIContracts, "-o", "/no/such/dir/x.json"}, "-o:"},
+		{[]string{"--contracts", asyncAPIContracts, "-o", "/no/such/dir/x.json"}, "--file:"},
 	} {
 		var out, errOut bytes.Buffer
 		code := Main(append([]string{"contracts", "asyncapi"}, c.args...), &out, &errOut)
