@@ -75,45 +75,13 @@ func Build(set *contracts.Set, fsys fs.FS, o Options) (map[string]any, error) {
 		return nil, errors.New("asyncapi: the contracts directory holds no event type (one folder per type, holding v1.schema.json, ...)")
 	}
 	e := &embedder{fsys: fsys, schemas: map[string]any{}}
-	channels, operations, messages := map[string]any{}, map[string]any{}, map[string]any{}
+	channels, messages := map[string]any{}, map[string]any{}
 	for _, t := range types {
-		name := t.Name
-		dest, err := o.Routing.Destination(name)
-		if err != nil {
-			return nil, fmt.Errorf("asyncapi: type %s: %w", name, err)
-		}
-		chID := ident(dest)
-		ch, ok := channels[chID].(map[string]any)
-		if !ok {
-			ch = map[string]any{"address": dest, "messages": map[string]any{}}
-			if o.Protocol == "kafka" {
-				ch["bindings"] = map[string]any{"kafka": map[string]any{"topic": dest, "bindingVersion": kafkaBindingVersion}}
-			}
-			channels[chID] = ch
-		}
-		for _, v := range t.Versions {
-			msgID := ident(name) + ".v" + strconv.Itoa(v.Number)
-			schemaID, err := e.embed(v.Path, v.Doc)
-			if err != nil {
-				return nil, fmt.Errorf("asyncapi: %s: %w", v.Path, err)
-			}
-			msg := map[string]any{
-				"name":        name,
-				"title":       fmt.Sprintf("%s, version %d", name, v.Number),
-				"contentType": outbox.ContentTypeJSON,
-				"headers":     headers(name, v.Number, o),
-				"payload":     map[string]any{"$ref": "#/components/schemas/" + schemaID},
-			}
-			if o.Protocol == "kafka" {
-				msg["bindings"] = map[string]any{"kafka": map[string]any{
-					"key":            map[string]any{"type": "string", "format": "uuid", "description": "the aggregate id"},
-					"bindingVersion": kafkaBindingVersion,
-				}}
-			}
-			messages[msgID] = msg
-			ch["messages"].(map[string]any)[msgID] = map[string]any{"$ref": "#/components/messages/" + msgID}
+		if err := addType(t, o, e, channels, messages); err != nil {
+			return nil, err
 		}
 	}
+	operations := map[string]any{}
 	for chID, c := range channels {
 		var refs []any
 		ids := keys(c.(map[string]any)["messages"].(map[string]any))
@@ -139,6 +107,48 @@ func Build(set *contracts.Set, fsys fs.FS, o Options) (map[string]any, error) {
 		doc["servers"] = map[string]any{"broker": map[string]any{"host": o.Host, "protocol": o.Protocol}}
 	}
 	return doc, nil
+}
+
+// addType adds type t's channel (unless another type made it) and one
+// message per version, its contract embedded by e.
+func addType(t *contracts.Type, o Options, e *embedder, channels, messages map[string]any) error {
+	name := t.Name
+	dest, err := o.Routing.Destination(name)
+	if err != nil {
+		return fmt.Errorf("asyncapi: type %s: %w", name, err)
+	}
+	chID := ident(dest)
+	ch, ok := channels[chID].(map[string]any)
+	if !ok {
+		ch = map[string]any{"address": dest, "messages": map[string]any{}}
+		if o.Protocol == "kafka" {
+			ch["bindings"] = map[string]any{"kafka": map[string]any{"topic": dest, "bindingVersion": kafkaBindingVersion}}
+		}
+		channels[chID] = ch
+	}
+	for _, v := range t.Versions {
+		msgID := ident(name) + ".v" + strconv.Itoa(v.Number)
+		schemaID, err := e.embed(v.Path, v.Doc)
+		if err != nil {
+			return fmt.Errorf("asyncapi: %s: %w", v.Path, err)
+		}
+		msg := map[string]any{
+			"name":        name,
+			"title":       fmt.Sprintf("%s, version %d", name, v.Number),
+			"contentType": outbox.ContentTypeJSON,
+			"headers":     headers(name, v.Number, o),
+			"payload":     map[string]any{"$ref": "#/components/schemas/" + schemaID},
+		}
+		if o.Protocol == "kafka" {
+			msg["bindings"] = map[string]any{"kafka": map[string]any{
+				"key":            map[string]any{"type": "string", "format": "uuid", "description": "the aggregate id"},
+				"bindingVersion": kafkaBindingVersion,
+			}}
+		}
+		messages[msgID] = msg
+		ch["messages"].(map[string]any)[msgID] = map[string]any{"$ref": "#/components/messages/" + msgID}
+	}
+	return nil
 }
 
 // headers is the schema of the headers the relayer sets on an event of
