@@ -50,8 +50,8 @@ func newRelayCmd(g *globals) *cobra.Command {
 		Long: `relay claims pending rows of the outbox table with FOR UPDATE SKIP LOCKED,
 publishes them to Kafka (topic = the event type up to its first '.', plus
 --topic-prefix; key = aggregate id; headers event_id, event_type,
-content-type and the row's own), and marks dispatched only what the broker
-acknowledged. Events of one aggregate keep their commit order, whatever the
+content-type and the row's own; with --cloudevents, the CloudEvents 1.0
+attributes too), and marks dispatched only what the broker acknowledged. Events of one aggregate keep their commit order, whatever the
 number of replicas. Delivery is at-least-once.
 
 It wakes on LISTEN/NOTIFY (a producer sends at most one per 10 ms), or
