@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/kafkatopic"
 )
 
@@ -30,6 +31,11 @@ type KafkaRouting struct {
 	// it to the topics' max.message.bytes. Defaults to
 	// DefaultMaxRecordBytes (1048588, Kafka's default message.max.bytes).
 	MaxRecordBytes int
+	// CloudEvents counts the CloudEvents headers (ce_id, ce_source, ...)
+	// at their largest into each event's size: set it when the relayer
+	// stamps them (kafkapub.PublisherConfig.CloudEvents, outbox relay
+	// --cloudevents). Defaults to false.
+	CloudEvents bool
 }
 
 var _ Routing = KafkaRouting{}
@@ -68,14 +74,19 @@ func (k KafkaRouting) Destination(eventType string) (string, error) {
 // and an event_source of MaxSourceLen, so the figure holds whatever id the
 // event gets and whatever source a relayer stamps.
 func (k KafkaRouting) Size(eventType string, payloadLen int, headers map[string]string) int {
+	if k.CloudEvents {
+		headers = cloudevents.Kafka.WithMaxHeaders(eventType, headers)
+	}
 	return recordSize(maxEventIDLen, len(eventType), payloadLen, headers, MaxSourceLen)
 }
 
 // RecordSize is the most bytes the Kafka record batch of one event takes
 // when it travels alone, uncompressed. eventType goes into the event_type
 // header, payloadLen is the published value's length (Postgres' JSONB
-// text of the payload), headers are the event's own, and source is the
-// relayer's event_source ("" for none). eventID 0 counts the longest id.
+// text of the payload), headers are the event's own (and the CloudEvents
+// headers, when the relayer stamps them: k.CloudEvents is not consulted
+// here), and source is the relayer's event_source ("" for none). eventID
+// 0 counts the longest id.
 func (k KafkaRouting) RecordSize(eventID int64, eventType string, payloadLen int, headers map[string]string, source string) int {
 	idLen := maxEventIDLen
 	if eventID > 0 {

@@ -17,6 +17,7 @@ func newContractsCmd(g *globals) *cobra.Command {
 type holding v1.schema.json, v2.schema.json, ... (docs/contracts.md).
 Producers, 'outbox relay' and 'outbox consume' read it with --contracts DIR.`,
 	}
+	cmd.AddCommand(newContractsAsyncAPICmd())
 	groupOnly(cmd)
 	cmd.AddCommand(newContractsCheckCmd(g))
 	return cmd

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
@@ -35,6 +36,10 @@ type relayOptions struct {
 	// contracts is --contracts: the event contracts both sources check
 	// each event against before sending it.
 	contracts contractsFlag
+	// ce is --cloudevents and its settings (relay_cloudevents.go), ceCfg
+	// what they make.
+	ce    cloudEventsFlags
+	ceCfg *cloudevents.Config
 	// cleanupBatchFlag is --cleanup-batch-size as the user spelled it
 	// (--cleanup-batch, deprecated, still works), for its error.
 	cleanupBatchFlag string
@@ -48,8 +53,8 @@ func newRelayCmd(g *globals) *cobra.Command {
 		Long: `relay claims pending rows of the outbox table with FOR UPDATE SKIP LOCKED,
 publishes them to Kafka (topic = the event type up to its first '.', plus
 --topic-prefix; key = aggregate id; headers event_id, event_type,
-content-type and the row's own), and marks dispatched only what the broker
-acknowledged. Events of one aggregate keep their commit order, whatever the
+content-type and the row's own; with --cloudevents, the CloudEvents 1.0
+attributes too), and marks dispatched only what the broker acknowledged. Events of one aggregate keep their commit order, whatever the
 number of replicas. Delivery is at-least-once.
 
 It wakes on LISTEN/NOTIFY (a producer sends at most one per 10 ms), or
@@ -104,6 +109,7 @@ Replicas elect one reader; the others take over within
 	f.StringVar(&o.sinkURL, "sink", "", "where to publish: a URL whose scheme picks the sink ("+schemeList()+"), e.g. kafka://host:9092; default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
 	o.contracts.register(f, "each event of a type with a contract is checked before it is sent, and one that breaks it is held (reason contract; --mode wal: parked) until fixed and retried (docs/contracts.md)")
+	o.ce.register(f)
 	o.wal.register(f)
 	return cmd
 }
@@ -136,6 +142,9 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet
 		}
 	}
 	if err := o.checkSink(); err != nil {
+		return err
+	}
+	if o.ceCfg, err = o.ce.config(o.pcfg.Source, g.databaseURL, t); err != nil {
 		return err
 	}
 	set, err := o.contracts.load()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
@@ -27,6 +28,8 @@ type sinkEnv struct {
 	// kafka is the Kafka publisher's own flags (--max-message-bytes),
 	// which only the Kafka sink reads.
 	kafka kafkapub.PublisherConfig
+	// ce is what --cloudevents stamps, nil without it.
+	ce *cloudevents.Config
 }
 
 // openedSink is a sink ready for relay.Common.Sink. ping checks, before
@@ -126,7 +129,8 @@ var kafkaOnlyFlags = []string{"brokers", "tls", "tls-ca", "tls-cert", "tls-key",
 // openSink opens the relay's sink: --sink's when given (refusing the
 // Kafka flags beside a URL of another scheme), else Kafka on --brokers.
 func (o *relayOptions) openSink(ctx context.Context, f *pflag.FlagSet, log *slog.Logger) (openedSink, error) {
-	env := sinkEnv{log: log, source: o.pcfg.Source, deliver: o.deliver, kafka: o.pcfg}
+	env := sinkEnv{log: log, source: o.pcfg.Source, deliver: o.deliver, kafka: o.pcfg, ce: o.ceCfg}
+	env.kafka.CloudEvents = o.ceCfg
 	if o.sinkURL == "" {
 		kcfg, err := o.kf.brokersConfig(log)
 		if err != nil {

@@ -28,7 +28,7 @@ func openAMQPURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error)
 	if err != nil {
 		return openedSink{}, err
 	}
-	cfg.Source, cfg.ConfirmTimeout, cfg.Logger = env.source, env.deliver, env.log
+	cfg.Source, cfg.ConfirmTimeout, cfg.Logger, cfg.CloudEvents = env.source, env.deliver, env.log, env.ce
 	if err := cfg.Validate(); err != nil {
 		return openedSink{}, fmt.Errorf("--sink: %w", err)
 	}

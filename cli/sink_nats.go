@@ -123,7 +123,7 @@ func openNATSURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error)
 	if err != nil {
 		return openedSink{}, fmt.Errorf("--sink %s: %s", u.Redacted(), oneLine(err.Error()))
 	}
-	c.pub.Source, c.pub.AckTimeout, c.pub.Logger = env.source, env.deliver, env.log
+	c.pub.Source, c.pub.AckTimeout, c.pub.Logger, c.pub.CloudEvents = env.source, env.deliver, env.log, env.ce
 	pub, err := natspub.New(nc, c.pub)
 	if err != nil {
 		nc.Close()

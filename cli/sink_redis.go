@@ -20,6 +20,9 @@ const redisPasswordEnv = "OUTBOX_REDIS_PASSWORD"
 // rediss://... (TLS), with the publisher's settings in the query (maxlen,
 // wait, wait_timeout, max_bytes) beside go-redis's own.
 func openRedisURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error) {
+	if env.ce != nil {
+		return openedSink{}, errors.New("--cloudevents: Redis Streams has no CloudEvents protocol binding, so there is no standard way to carry the attributes in a stream entry; drop --cloudevents (consumers read event_id, event_type and event_source from the entry's fields), or relay to a sink that has one (Kafka, NATS, RabbitMQ, webhooks)")
+	}
 	if _, has := u.User.Password(); has {
 		return openedSink{}, fmt.Errorf("--sink %s holds a password; drop it from the URL and set %s instead (a flag's value shows in ps and shell history)", u.Redacted(), redisPasswordEnv)
 	}

@@ -66,7 +66,7 @@ func webhookConfig(u *url.URL, env sinkEnv) (webhookpub.Config, error) {
 			return webhookpub.Config{}, fmt.Errorf("--sink: query parameter %q: secrets never go in the URL; put them in $%s or a file named by ?secret_file=", k, webhookSecretEnv)
 		}
 	}
-	cfg := webhookpub.Config{Source: env.source, DeliveryTimeout: env.deliver, CAFile: q.Get("ca"), Logger: env.log}
+	cfg := webhookpub.Config{Source: env.source, DeliveryTimeout: env.deliver, CAFile: q.Get("ca"), Logger: env.log, CloudEvents: env.ce}
 	var err error
 	if cfg.Secrets, err = webhookSecrets(q.Get("secret_file")); err != nil {
 		return cfg, err

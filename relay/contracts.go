@@ -26,7 +26,8 @@ import (
 // pick an upcaster by it whether the event came from Emit (which writes
 // the header itself) or from a plain INSERT. The header is added here, in
 // the relay, rather than by each sink as it writes its own headers, so
-// that every sink sees it among the event's headers: each sink already
+// that every sink sees it among the event's headers (and in
+// Message.CloudEvent, whose dataschema it names): each sink already
 // sizes and writes Message.Headers, so its check of the broker's limit
 // before sending (kafkapub's record size, the other sinks' own) counts
 // the header, and an event that no longer fits is held too_large rather

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 )
 
 // Message is one outbox row on its way to the broker.
@@ -26,6 +27,16 @@ type Message struct {
 	// CreatedAt is when the row became pending: its created_at, or when
 	// an operator last requeued it (replay, unpark).
 	CreatedAt time.Time
+}
+
+// CloudEvent is what m's CloudEvents attributes are made of (package
+// cloudevents), for sinks that stamp them: the id, the type, the
+// aggregate as subject, CreatedAt as time and the event_version header.
+func (m *Message) CloudEvent() cloudevents.Event {
+	return cloudevents.Event{
+		ID: m.ID, Type: m.Type, Subject: m.AggregateID.String(), Time: m.CreatedAt,
+		Version: m.Headers[outbox.HeaderEventVersion],
+	}
 }
 
 // Sink delivers batches to a broker (or any destination: a queue, a

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 )
 
 // DefaultNATSMaxPayloadBytes is nats-server's default max_payload (1 MiB):
@@ -40,6 +41,11 @@ type NATS struct {
 	// streams' max_msg_size. Defaults to DefaultNATSMaxPayloadBytes (1
 	// MiB, nats-server's default max_payload).
 	MaxPayloadBytes int
+	// CloudEvents counts the CloudEvents headers (ce-id, ce-source, ...)
+	// at their largest into each event's size: set it when the relayer
+	// stamps them (natspub.Config.CloudEvents, outbox relay
+	// --cloudevents). Defaults to false.
+	CloudEvents bool
 }
 
 var _ outbox.Routing = NATS{}
@@ -104,6 +110,9 @@ func subjectFault(s string) string {
 // and an event_source of outbox.MaxSourceLen, so the figure holds
 // whatever id the event gets and whatever source a relayer stamps.
 func (n NATS) Size(eventType string, payloadLen int, headers map[string]string) int {
+	if n.CloudEvents {
+		headers = cloudevents.NATS.WithMaxHeaders(eventType, headers)
+	}
 	return natsSize(maxEventIDLen, len(eventType), payloadLen, headers, outbox.MaxSourceLen)
 }
 
@@ -111,7 +120,7 @@ func (n NATS) Size(eventType string, payloadLen int, headers map[string]string) 
 // server measures it against max_payload and max_msg_size: the payload
 // and the header block. eventType goes into the event_type header,
 // payloadLen is the published payload's length, headers are the event's
-// own, source the relayer's event_source ("" for none). eventID 0 counts
+// own (and the CloudEvents headers, when the relayer stamps them), source the relayer's event_source ("" for none). eventID 0 counts
 // the longest id.
 func (n NATS) MessageSize(eventID int64, eventType string, payloadLen int, headers map[string]string, source string) int {
 	idLen := maxEventIDLen

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/webhookwire"
 )
 
@@ -36,6 +37,11 @@ type Webhook struct {
 	// Signatures is how many secrets sign each request, for Size. Defaults
 	// to DefaultWebhookSignatures (2).
 	Signatures int
+	// CloudEvents counts the CloudEvents headers (ce-id, ce-source, ...)
+	// at their largest into each event's size: set it when the relayer
+	// stamps them (webhookpub.Config.CloudEvents, outbox relay
+	// --cloudevents). Defaults to false.
+	CloudEvents bool
 }
 
 var _ outbox.Routing = Webhook{}
@@ -101,7 +107,21 @@ func (w Webhook) Size(eventType string, payloadLen int, headers map[string]strin
 	if nsig <= 0 {
 		nsig = DefaultWebhookSignatures
 	}
-	return webhookwire.Size(eventType, topic, worstSource, 19, payloadLen, headers, nsig)
+	n := webhookwire.Size(eventType, topic, worstSource, 19, payloadLen, headers, nsig)
+	if w.CloudEvents {
+		n += CloudEventsHTTPSize(cloudevents.MaxAttributes(eventType))
+	}
+	return n
+}
+
+// CloudEventsHTTPSize is what attrs take on an HTTP request in the HTTP
+// binding's binary mode (ce- headers, values percent-encoded).
+func CloudEventsHTTPSize(attrs []cloudevents.Attribute) int {
+	n := 0
+	for _, h := range cloudevents.HTTP.Headers(attrs) {
+		n += webhookwire.HeaderLen(h.Name, h.Value)
+	}
+	return n
 }
 
 // Limit is MaxBytes (DefaultWebhookMaxBytes when 0), in HTTP's words.

@@ -94,8 +94,8 @@ func Decode(s string) (string, error) {
 }
 
 // reserved are the HTTP header names an event's own header may not take
-// (after EncodeName): the transport's, the Standard Webhooks' and the
-// outbox's own. Prefixes are checked too (reservedPrefixes).
+// (after EncodeName): the transport's, the Standard Webhooks', the
+// outbox's own and the CloudEvents HTTP binding's (ce-). Prefixes are checked too (reservedPrefixes).
 var reserved = map[string]bool{
 	"host": true, "connection": true, "keep-alive": true, "te": true, "trailer": true,
 	"transfer-encoding": true, "upgrade": true, "expect": true, "user-agent": true,
@@ -103,7 +103,7 @@ var reserved = map[string]bool{
 	"event_id": true, "event_type": true, "event_source": true, "aggregate_id": true,
 }
 
-var reservedPrefixes = []string{"webhook-", "outbox-", "content-", "proxy-"}
+var reservedPrefixes = []string{"webhook-", "outbox-", "content-", "proxy-", "ce-"}
 
 // Reserved reports whether an event header named name (as given, before
 // encoding) would take an HTTP header name that is not the event's to
@@ -116,7 +116,7 @@ func reservedEncoded(enc string) (string, bool) {
 	}
 	for _, p := range reservedPrefixes {
 		if strings.HasPrefix(enc, p) {
-			return fmt.Sprintf("names starting with %q are the transport's, the Standard Webhooks' or the outbox's", p), true
+			return fmt.Sprintf("names starting with %q are the transport's, the Standard Webhooks', the outbox's or CloudEvents'", p), true
 		}
 	}
 	return "", false

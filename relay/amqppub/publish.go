@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/relay"
 )
 
@@ -84,7 +85,7 @@ func (f *flight) send(ctx context.Context, a uuid.UUID) {
 		return
 	}
 	tag := f.oc.ch.GetNextPublishSeqNo()
-	if err := f.oc.ch.PublishWithContext(ctx, f.p.cfg.Exchange, m.Topic, true, false, publishing(m, f.p.cfg.Source)); err != nil {
+	if err := f.oc.ch.PublishWithContext(ctx, f.p.cfg.Exchange, m.Topic, true, false, publishing(m, f.p.cfg.Source, f.p.ceHeaders(m))); err != nil {
 		f.fail(i, fmt.Errorf("amqppub: cannot send message %d: %w", m.ID, err))
 		return
 	}
@@ -223,11 +224,15 @@ func (f *flight) unsentAll(err error) {
 
 // publishing is the AMQP message of m: persistent, with the event id as
 // message_id, the type as type, and the relayer's headers and the row's
-// own in the headers table.
-func publishing(m *relay.Message, source string) amqp.Publishing {
-	h := make(amqp.Table, 4+len(m.Headers))
+// own in the headers table, with the CloudEvents headers ce (which
+// replace any of the row's of the same name).
+func publishing(m *relay.Message, source string, ce []cloudevents.Attribute) amqp.Publishing {
+	h := make(amqp.Table, 4+len(ce)+len(m.Headers))
 	for k, v := range m.Headers {
 		h[k] = v
+	}
+	for _, a := range ce {
+		h[a.Name] = a.Value
 	}
 	id := strconv.FormatInt(m.ID, 10)
 	h[outbox.HeaderEventID] = id
@@ -268,12 +273,27 @@ func (p *Publisher) check(m *relay.Message, frameMax int) error {
 				"%w: message %d has a header name of %d bytes; AMQP field names hold at most 255", errBadHeader, m.ID, len(k)))
 		}
 	}
-	if size := propertiesSize(m, p.cfg.Source); frameMax > 0 && size > frameMax {
+	hdrs := m
+	if p.cfg.CloudEvents != nil {
+		with := *m
+		with.Headers = cloudevents.AMQP.With(p.cfg.CloudEvents.Attributes(m.CloudEvent()), m.Headers)
+		hdrs = &with
+	}
+	if size := propertiesSize(hdrs, p.cfg.Source); frameMax > 0 && size > frameMax {
 		return relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
 			"%w: message %d's headers make %d bytes of properties; they travel in one frame, and the connection's frame_max is %d: shrink the headers or raise the server's frame_max",
 			errTooLarge, m.ID, size, frameMax))
 	}
 	return nil
+}
+
+// ceHeaders are the CloudEvents headers of m, or nil when the publisher
+// stamps none.
+func (p *Publisher) ceHeaders(m *relay.Message) []cloudevents.Attribute {
+	if p.cfg.CloudEvents == nil {
+		return nil
+	}
+	return cloudevents.AMQP.Headers(p.cfg.CloudEvents.Attributes(m.CloudEvent()))
 }
 
 // propertiesSize is the length of the content header frame of m, an

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/routing"
@@ -59,6 +60,15 @@ type Config struct {
 	// has not confirmed by then fail for a retry. Defaults to
 	// DefaultConfirmTimeout (30s).
 	ConfirmTimeout time.Duration
+	// CloudEvents, when set, stamps every message with the CloudEvents
+	// attributes of its event in the AMQP binding's binary mode:
+	// cloudEvents_ headers (cloudEvents_specversion, cloudEvents_id,
+	// cloudEvents_source, cloudEvents_type, cloudEvents_subject,
+	// cloudEvents_time, cloudEvents_dataschema), which RabbitMQ hands AMQP
+	// 1.0 consumers as application properties, with the content_type
+	// property as datacontenttype (package cloudevents). Defaults to nil
+	// (no CloudEvents headers).
+	CloudEvents *cloudevents.Config
 	// Logger receives connection events. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -101,6 +111,11 @@ func (cfg Config) Validate() error {
 	}
 	if len(cfg.Exchange) > routing.MaxRoutingKeyLen {
 		return fmt.Errorf("amqppub: Exchange is %d bytes; AMQP names hold at most 255", len(cfg.Exchange))
+	}
+	if cfg.CloudEvents != nil {
+		if err := cfg.CloudEvents.Validate(); err != nil {
+			return fmt.Errorf("amqppub: CloudEvents: %w", err)
+		}
 	}
 	if len(cfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(cfg.Source) != "" {
 		return fmt.Errorf("amqppub: Source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/rabbittest"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/amqppub"
@@ -39,7 +40,17 @@ const sinkMaxBytes = 100_000
 // or its route (a destination's property).
 func TestSinkConformance(t *testing.T) {
 	t.Parallel()
-	sinktest.Run(t, sinktest.Harness{Name: "rabbitmq", New: rabbitSink})
+	sinktest.Run(t, sinktest.Harness{Name: "rabbitmq", New: rabbitSink(nil)})
+}
+
+// With CloudEvents headers stamped, the publisher passes the same suite.
+func TestSinkConformanceCloudEvents(t *testing.T) {
+	t.Parallel()
+	sinktest.Run(t, sinktest.Harness{Name: "rabbitmq-cloudevents", New: rabbitSink(&cloudevents.Config{Source: "urn:outbox:conformance"})})
+}
+
+func rabbitSink(ce *cloudevents.Config) func(t *testing.T) *sinktest.Sink {
+	return func(t *testing.T) *sinktest.Sink { return rabbitSinkWith(t, ce) }
 }
 
 // queues stands for the consumers of a case: it binds a queue for each
@@ -89,14 +100,14 @@ func (s boundSink) Publish(ctx context.Context, msgs []relay.Message) []error {
 	return s.Publisher.Publish(ctx, msgs)
 }
 
-func rabbitSink(t *testing.T) *sinktest.Sink {
+func rabbitSinkWith(t *testing.T, ce *cloudevents.Config) *sinktest.Sink {
 	t.Helper()
 	conn := rabbittest.Dial(t, rabbittest.URL())
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	q := &queues{t: t, conn: conn, ch: rabbittest.Channel(t, conn), exchange: "sinktest-" + hex.EncodeToString(b[:]),
 		bound: map[string]bool{}, refused: map[string]bool{}}
-	pub, err := amqppub.New(amqppub.Config{URL: rabbittest.URL(), Exchange: q.exchange, MaxBytes: sinkMaxBytes})
+	pub, err := amqppub.New(amqppub.Config{URL: rabbittest.URL(), Exchange: q.exchange, MaxBytes: sinkMaxBytes, CloudEvents: ce})
 	require.NoError(t, err)
 	// Ping declares the exchange, missing until now, for the queues.
 	require.NoError(t, pub.Ping(context.Background()))

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
@@ -32,6 +33,14 @@ type PublisherConfig struct {
 	// Set it when the relayer may not describe configurations. Defaults to
 	// 0 (ask the broker).
 	MaxMessageBytes int
+	// CloudEvents, when set, stamps every record with the CloudEvents
+	// attributes of its event in Kafka's binary mode: ce_specversion,
+	// ce_id, ce_source, ce_type, ce_subject, ce_time and ce_dataschema
+	// headers, with content-type as datacontenttype (package cloudevents).
+	// The routing producers size events with must then count them
+	// (outbox.KafkaRouting.CloudEvents). Defaults to nil (no CloudEvents
+	// headers).
+	CloudEvents *cloudevents.Config
 	// Logger receives a warning when a topic is found to have a new id at
 	// the broker (see Publisher). Defaults to slog.Default().
 	Logger *slog.Logger
@@ -57,6 +66,7 @@ type PublisherConfig struct {
 type Publisher struct {
 	client *kgo.Client
 	source string
+	ce     *cloudevents.Config
 	limits *topicLimits
 	log    *slog.Logger
 
@@ -80,7 +90,7 @@ func NewPublisher(client *kgo.Client, cfg PublisherConfig) *Publisher {
 	lim.mu.Lock()
 	lim.override = max(cfg.MaxMessageBytes, 0)
 	lim.mu.Unlock()
-	return &Publisher{client: client, source: cfg.Source, limits: lim, log: cfg.Logger}
+	return &Publisher{client: client, source: cfg.Source, ce: cfg.CloudEvents, limits: lim, log: cfg.Logger}
 }
 
 // WithDefaults returns cfg with its zero fields set to their defaults.
@@ -96,6 +106,11 @@ func (cfg PublisherConfig) WithDefaults() PublisherConfig {
 func (cfg PublisherConfig) Validate() error {
 	if len(cfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(cfg.Source) != "" {
 		return fmt.Errorf("kafkapub: Source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
+	}
+	if cfg.CloudEvents != nil {
+		if err := cfg.CloudEvents.Validate(); err != nil {
+			return fmt.Errorf("kafkapub: CloudEvents: %w", err)
+		}
 	}
 	if cfg.MaxMessageBytes < 0 {
 		return fmt.Errorf("kafkapub: MaxMessageBytes is %d; use a positive size in bytes, or 0 to ask the broker", cfg.MaxMessageBytes)
@@ -126,9 +141,11 @@ func NewPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
 // headers, the trace context Emit wrote (traceparent, tracestate) among
 // them, follow the relayer's, sorted by name. They never shadow the
 // relayer's: the relayer refuses a row whose headers use a reserved name,
-// and record drops such a header if one gets here anyway.
-func record(m relay.Message, source string) *kgo.Record {
-	hdrs := make([]kgo.RecordHeader, 0, 4+len(m.Headers))
+// and record drops such a header if one gets here anyway. With ce set,
+// the CloudEvents headers follow the relayer's, and an event header of
+// the same name as one of them is dropped too.
+func record(m relay.Message, source string, ce []cloudevents.Attribute) *kgo.Record {
+	hdrs := make([]kgo.RecordHeader, 0, 4+len(ce)+len(m.Headers))
 	hdrs = append(hdrs,
 		kgo.RecordHeader{Key: outbox.HeaderEventID, Value: strconv.AppendInt(nil, m.ID, 10)},
 		kgo.RecordHeader{Key: outbox.HeaderEventType, Value: []byte(m.Type)},
@@ -137,10 +154,13 @@ func record(m relay.Message, source string) *kgo.Record {
 	if source != "" {
 		hdrs = append(hdrs, kgo.RecordHeader{Key: outbox.HeaderEventSource, Value: []byte(source)})
 	}
+	for _, h := range ce {
+		hdrs = append(hdrs, kgo.RecordHeader{Key: h.Name, Value: []byte(h.Value)})
+	}
 	if len(m.Headers) > 0 {
 		keys := make([]string, 0, len(m.Headers))
 		for k := range m.Headers {
-			if !outbox.IsReservedHeader(k) {
+			if !outbox.IsReservedHeader(k) && !stamped(ce, k) {
 				keys = append(keys, k)
 			}
 		}
@@ -159,6 +179,25 @@ func record(m relay.Message, source string) *kgo.Record {
 		Value:   m.Payload,
 		Headers: hdrs,
 	}
+}
+
+// stamped reports whether hdrs holds a header named name.
+func stamped(hdrs []cloudevents.Attribute, name string) bool {
+	for _, h := range hdrs {
+		if h.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ceHeaders are the CloudEvents headers of m, or nil when the publisher
+// stamps none.
+func (p *Publisher) ceHeaders(m *relay.Message) []cloudevents.Attribute {
+	if p.ce == nil {
+		return nil
+	}
+	return cloudevents.Kafka.Headers(p.ce.Attributes(m.CloudEvent()))
 }
 
 // MessagingSystem names Kafka in the relayer's publish spans (see
@@ -184,7 +223,11 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 			continue
 		}
 		lim := limits[m.Topic]
-		if size := (outbox.KafkaRouting{}).RecordSize(m.ID, m.Type, len(m.Payload), m.Headers, p.source); size > lim.bytes {
+		hdrs := m.Headers
+		if p.ce != nil {
+			hdrs = cloudevents.Kafka.With(p.ce.Attributes(m.CloudEvent()), m.Headers)
+		}
+		if size := (outbox.KafkaRouting{}).RecordSize(m.ID, m.Type, len(m.Payload), hdrs, p.source); size > lim.bytes {
 			errs[i] = relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
 				"%w: the record is %d bytes (payload %d); topic %q accepts at most %d (%s). Raise the topic's max.message.bytes and retry the row ('outbox events retry'), or park it",
 				kerr.MessageTooLarge, size, len(m.Payload), m.Topic, lim.bytes, lim.from))
@@ -310,7 +353,7 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, e
 	var wg sync.WaitGroup
 	wg.Add(len(idx))
 	for _, i := range idx {
-		p.client.Produce(ctx, record(msgs[i], p.source), func(_ *kgo.Record, err error) {
+		p.client.Produce(ctx, record(msgs[i], p.source, p.ceHeaders(&msgs[i])), func(_ *kgo.Record, err error) {
 			if err != nil {
 				errs[i] = classify(err)
 			}

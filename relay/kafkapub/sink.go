@@ -27,7 +27,7 @@ func (p *Publisher) Routing(topicPrefix string) (outbox.Routing, error) {
 	if err := kafkatopic.Validate(topicPrefix + "x"); topicPrefix != "" && err != nil {
 		return nil, fmt.Errorf("topic prefix %q cannot start a topic name: %s", topicPrefix, err)
 	}
-	return outbox.KafkaRouting{TopicPrefix: topicPrefix}, nil
+	return outbox.KafkaRouting{TopicPrefix: topicPrefix, CloudEvents: p.ce != nil}, nil
 }
 
 // Codes ErrorCode gives errors that carry no Kafka error name.

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
 	"github.com/pgoutbox/outbox/kafka"
@@ -30,10 +31,23 @@ const sinkMaxBytes = 100_000
 // one), which the publisher narrows down to that record.
 func TestSinkConformance(t *testing.T) {
 	t.Parallel()
-	sinktest.Run(t, sinktest.Harness{Name: "kafka", New: kafkaSink})
+	sinktest.Run(t, sinktest.Harness{Name: "kafka", New: kafkaSink(kafkapub.PublisherConfig{})})
 }
 
-func kafkaSink(t *testing.T) *sinktest.Sink {
+// With CloudEvents headers stamped, the publisher passes the same suite:
+// they change neither what arrives of the event nor how failures are
+// attributed.
+func TestSinkConformanceCloudEvents(t *testing.T) {
+	t.Parallel()
+	cfg := kafkapub.PublisherConfig{Source: "conformance", CloudEvents: &cloudevents.Config{Source: "urn:outbox:conformance"}}
+	sinktest.Run(t, sinktest.Harness{Name: "kafka-cloudevents", New: kafkaSink(cfg)})
+}
+
+func kafkaSink(cfg kafkapub.PublisherConfig) func(t *testing.T) *sinktest.Sink {
+	return func(t *testing.T) *sinktest.Sink { return kafkaSinkWith(t, cfg) }
+}
+
+func kafkaSinkWith(t *testing.T, cfg kafkapub.PublisherConfig) *sinktest.Sink {
 	t.Helper()
 	b, err := devkafka.Start(devkafka.Config{Partitions: 3, MaxMessageBytes: sinkMaxBytes})
 	require.NoError(t, err)
@@ -51,7 +65,7 @@ func kafkaSink(t *testing.T) *sinktest.Sink {
 		return b.Fault(f).Remove
 	}
 	return &sinktest.Sink{
-		Sink: kafkapub.NewPublisher(client, kafkapub.PublisherConfig{}),
+		Sink: kafkapub.NewPublisher(client, cfg),
 		Read: func(t *testing.T, dest string, want int) []sinktest.Delivered {
 			t.Helper()
 			deadline := time.Now().Add(10 * time.Second)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/routing"
@@ -52,6 +53,13 @@ type Config struct {
 	// again (the stream drops the copies it already holds). Defaults to
 	// DefaultAckTimeout (30s).
 	AckTimeout time.Duration
+	// CloudEvents, when set, stamps every message with the CloudEvents
+	// attributes of its event in the NATS binding's binary mode: ce-
+	// headers (ce-specversion, ce-id, ce-source, ce-type, ce-subject,
+	// ce-time, ce-datacontenttype, ce-dataschema), values percent-encoded
+	// (package cloudevents). Producers' routing.NATS must then count them
+	// (CloudEvents). Defaults to nil (no CloudEvents headers).
+	CloudEvents *cloudevents.Config
 	// Logger receives the publisher's warnings. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -76,6 +84,11 @@ func (cfg Config) Validate() error {
 	cfg = cfg.WithDefaults()
 	if len(cfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(cfg.Source) != "" {
 		return fmt.Errorf("natspub: Source: use at most %d bytes of UTF-8 text without NUL (producers size events for that)", outbox.MaxSourceLen)
+	}
+	if cfg.CloudEvents != nil {
+		if err := cfg.CloudEvents.Validate(); err != nil {
+			return fmt.Errorf("natspub: CloudEvents: %w", err)
+		}
 	}
 	if cfg.MaxPayloadBytes < 0 {
 		return fmt.Errorf("natspub: MaxPayloadBytes is %d; use a positive size in bytes, or 0 to ask the server", cfg.MaxPayloadBytes)
@@ -149,7 +162,7 @@ func (p *Publisher) MessagingSystem() string { return "nats" }
 // subject the relayer can publish to. It refuses a prefix that cannot
 // start a subject.
 func (p *Publisher) Routing(topicPrefix string) (outbox.Routing, error) {
-	r := routing.NATS{TopicPrefix: topicPrefix}
+	r := routing.NATS{TopicPrefix: topicPrefix, CloudEvents: p.cfg.CloudEvents != nil}
 	if err := r.Validate(); err != nil {
 		return nil, fmt.Errorf("natspub: %w", err)
 	}
@@ -161,16 +174,20 @@ func (p *Publisher) Routing(topicPrefix string) (outbox.Routing, error) {
 var errNotSent = errors.New("not sent: an earlier message of its aggregate failed")
 
 // message builds the NATS message of m. The event's own headers go
-// through routing.EscapeNATSHeader so that they arrive byte for byte.
+// through routing.EscapeNATSHeader so that they arrive byte for byte;
+// the CloudEvents headers, when stamped, replace any of the same name.
 func (p *Publisher) message(m *relay.Message) *nats.Msg {
 	id := strconv.FormatInt(m.ID, 10)
-	h := make(nats.Header, 6+len(m.Headers))
+	h := make(nats.Header, 14+len(m.Headers))
 	for k, v := range m.Headers {
 		if outbox.IsReservedHeader(k) || k == outbox.HeaderAggregateID {
 			continue
 		}
 		ek, ev := routing.EscapeNATSHeader(k, v)
 		h[ek] = []string{ev}
+	}
+	for _, a := range p.ceHeaders(m) {
+		h[a.Name] = []string{a.Value}
 	}
 	h[routing.HeaderNATSMsgID] = []string{routing.NATSMsgID(p.cfg.Source, m.ID)}
 	h[outbox.HeaderEventID] = []string{id}
@@ -233,13 +250,26 @@ func (p *Publisher) refuse(m *relay.Message, lim subjectLimit) error {
 	if lim.noStream {
 		return relay.PermanentReason(relay.ReasonInvalidTopic, noStreamError(m.Topic))
 	}
-	size := routing.NATS{}.MessageSize(m.ID, m.Type, len(m.Payload), m.Headers, p.cfg.Source)
+	hdrs := m.Headers
+	if p.cfg.CloudEvents != nil {
+		hdrs = cloudevents.NATS.With(p.cfg.CloudEvents.Attributes(m.CloudEvent()), m.Headers)
+	}
+	size := routing.NATS{}.MessageSize(m.ID, m.Type, len(m.Payload), hdrs, p.cfg.Source)
 	if size > lim.bytes {
 		return relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
 			"the NATS message is %d bytes with its headers (payload %d); subject %q accepts at most %d (%s). Raise that limit and retry the row ('outbox events retry'), or park it",
 			size, len(m.Payload), m.Topic, lim.bytes, lim.from))
 	}
 	return nil
+}
+
+// ceHeaders are the CloudEvents headers of m, or nil when the publisher
+// stamps none.
+func (p *Publisher) ceHeaders(m *relay.Message) []cloudevents.Attribute {
+	if p.cfg.CloudEvents == nil {
+		return nil
+	}
+	return cloudevents.NATS.Headers(p.cfg.CloudEvents.Attributes(m.CloudEvent()))
 }
 
 func noStreamError(subject string) error {

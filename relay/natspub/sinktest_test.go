@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/natstest"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/natspub"
@@ -51,14 +52,25 @@ const fillerHeader = "Sinktest-Filler"
 // refusal inside a call with subjects of their own.
 func TestSinkConformance(t *testing.T) {
 	t.Parallel()
-	sinktest.Run(t, sinktest.Harness{Name: "nats", New: natsSink})
+	sinktest.Run(t, sinktest.Harness{Name: "nats", New: natsSink(natspub.Config{})})
 }
 
-func natsSink(t *testing.T) *sinktest.Sink {
+// With CloudEvents headers stamped, the publisher passes the same suite.
+func TestSinkConformanceCloudEvents(t *testing.T) {
+	t.Parallel()
+	cfg := natspub.Config{CloudEvents: &cloudevents.Config{Source: "urn:outbox:conformance"}}
+	sinktest.Run(t, sinktest.Harness{Name: "nats-cloudevents", New: natsSink(cfg)})
+}
+
+func natsSink(cfg natspub.Config) func(t *testing.T) *sinktest.Sink {
+	return func(t *testing.T) *sinktest.Sink { return natsSinkWith(t, cfg) }
+}
+
+func natsSinkWith(t *testing.T, cfg natspub.Config) *sinktest.Sink {
 	t.Helper()
 	srv := natstest.Start(t)
 	nc, js := natstest.Connect(t, srv.URL())
-	pub, err := natspub.New(nc, natspub.Config{})
+	pub, err := natspub.New(nc, cfg)
 	require.NoError(t, err)
 	op := &operator{t: t, js: js, refused: map[string]bool{}, created: map[string]bool{}}
 	return &sinktest.Sink{

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/pgtext"
 	"github.com/pgoutbox/outbox/internal/webhookwire"
 	"github.com/pgoutbox/outbox/routing"
@@ -52,6 +53,15 @@ type Config struct {
 	// Source, when set, qualifies webhook-id ("source:42") and goes into
 	// the outbox-event-source header. Defaults to "" (none).
 	Source string
+	// CloudEvents, when set, stamps every request with the CloudEvents
+	// attributes of its event in the HTTP binding's binary mode: ce-
+	// headers (ce-specversion, ce-id, ce-source, ce-type, ce-subject,
+	// ce-time, ce-dataschema), values percent-encoded, with Content-Type
+	// as datacontenttype (package cloudevents). They sit beside the
+	// Standard Webhooks headers; the signature covers the body, not them.
+	// Producers' routing.Webhook must then count them (CloudEvents).
+	// Defaults to nil (no CloudEvents headers).
+	CloudEvents *cloudevents.Config
 	// MaxBytes is the largest request, body and headers; a larger event
 	// is held as relay.ReasonTooLarge. Producers must use the same
 	// (routing.Webhook.MaxBytes). Defaults to DefaultMaxBytes (1 MiB).
@@ -128,6 +138,11 @@ func (cfg Config) Validate() error {
 		}
 		if err := checkURL(u); err != nil {
 			return fmt.Errorf("webhookpub: Routes[%q]: %w", k, err)
+		}
+	}
+	if cfg.CloudEvents != nil {
+		if err := cfg.CloudEvents.Validate(); err != nil {
+			return fmt.Errorf("webhookpub: CloudEvents: %w", err)
 		}
 	}
 	if len(cfg.Source) > outbox.MaxSourceLen || pgtext.Invalid(cfg.Source) != "" {

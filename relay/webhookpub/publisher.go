@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/webhookwire"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/routing"
@@ -59,7 +60,7 @@ func New(cfg Config) (*Publisher, error) {
 // Routing is routing.Webhook for topicPrefix, with the Publisher's
 // MaxBytes and number of secrets.
 func (p *Publisher) Routing(topicPrefix string) (outbox.Routing, error) {
-	r := routing.Webhook{TopicPrefix: topicPrefix, MaxBytes: p.cfg.MaxBytes, Signatures: len(p.cfg.Secrets)}
+	r := routing.Webhook{TopicPrefix: topicPrefix, MaxBytes: p.cfg.MaxBytes, Signatures: len(p.cfg.Secrets), CloudEvents: p.cfg.CloudEvents != nil}
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
@@ -111,6 +112,9 @@ func (p *Publisher) check(m *relay.Message, endpoint string) error {
 		}
 	}
 	size := webhookwire.Size(m.Type, m.Topic, p.cfg.Source, len(strconv.FormatInt(m.ID, 10)), len(m.Payload), m.Headers, len(p.cfg.Secrets))
+	if p.cfg.CloudEvents != nil {
+		size += routing.CloudEventsHTTPSize(p.cfg.CloudEvents.Attributes(m.CloudEvent()))
+	}
 	if size > p.cfg.MaxBytes {
 		return relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
 			"webhook: the request is %d bytes (payload %d); the limit is %d: raise max_bytes (and the endpoint's limits) and retry the row ('outbox events retry'), or park it", size, len(m.Payload), p.cfg.MaxBytes))
@@ -272,5 +276,10 @@ func (p *Publisher) request(ctx context.Context, m *relay.Message, endpoint stri
 		h[webhookwire.HeaderEventSource] = []string{webhookwire.EncodeValue(p.cfg.Source)}
 	}
 	h["content-type"] = []string{outbox.ContentTypeJSON}
+	if p.cfg.CloudEvents != nil {
+		for _, a := range cloudevents.HTTP.Headers(p.cfg.CloudEvents.Attributes(m.CloudEvent())) {
+			h[a.Name] = []string{a.Value}
+		}
+	}
 	return req, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/internal/webhookwire"
 	"github.com/pgoutbox/outbox/relay/sinktest"
 	"github.com/pgoutbox/outbox/relay/webhookpub"
@@ -95,13 +96,23 @@ func (e *endpoint) read(t *testing.T, dest string, want int) []sinktest.Delivere
 // and a size limit.
 func TestSinkConformance(t *testing.T) {
 	t.Parallel()
-	sinktest.Run(t, sinktest.Harness{Name: "webhook", New: webhookSink})
+	sinktest.Run(t, sinktest.Harness{Name: "webhook", New: webhookSink(nil)})
 }
 
-func webhookSink(t *testing.T) *sinktest.Sink {
+// With CloudEvents headers stamped, the publisher passes the same suite.
+func TestSinkConformanceCloudEvents(t *testing.T) {
+	t.Parallel()
+	sinktest.Run(t, sinktest.Harness{Name: "webhook-cloudevents", New: webhookSink(&cloudevents.Config{Source: "urn:outbox:conformance"})})
+}
+
+func webhookSink(ce *cloudevents.Config) func(t *testing.T) *sinktest.Sink {
+	return func(t *testing.T) *sinktest.Sink { return webhookSinkWith(t, ce) }
+}
+
+func webhookSinkWith(t *testing.T, ce *cloudevents.Config) *sinktest.Sink {
 	t.Helper()
 	e, srv := newEndpoint(t)
-	pub, err := webhookpub.New(webhookpub.Config{Endpoint: srv.URL + "/hook", Secrets: e.secrets, MaxBytes: sinkMaxBytes,
+	pub, err := webhookpub.New(webhookpub.Config{Endpoint: srv.URL + "/hook", Secrets: e.secrets, MaxBytes: sinkMaxBytes, CloudEvents: ce,
 		DeliveryTimeout: 3 * time.Second, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 	require.NoError(t, err)
 	fault := func(set func(), clear func()) func() {
