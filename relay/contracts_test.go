@@ -13,10 +13,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/contracts"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/relay"
+	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
 // loadContracts writes files (path: content) into a directory and loads it.
@@ -250,4 +252,20 @@ func metricValue(t *testing.T, m *monitor.Metrics, name string, labels map[strin
 		}
 	}
 	return 0
+}
+
+// The version the relay checked a plain-SQL row against is the event's
+// CloudEvents dataschema too, for a sink that stamps the attributes.
+func TestContractVersionIsTheCloudEventsDataSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.db.InsertRaw(t, uuid.New(), "order.placed", `'{"order_id": "a", "total_cents": 1}'`, "NULL")
+	pub := kafkapub.NewPublisher(b.client(t), kafkapub.PublisherConfig{CloudEvents: &cloudevents.Config{Source: "urn:outbox:test"}})
+	set := loadContracts(t, map[string]string{"order.placed/v1.schema.json": orderV1, "order.placed/v2.schema.json": orderV2})
+	run(t, b.relayer(t, func(c *relay.Config) { c.Sink, c.Contracts = pub, set }))
+	recs := b.consume(t, 1, 10*time.Second, "order")
+	require.Len(t, recs, 1)
+	require.Equal(t, id, recs[0].EventID)
+	require.Equal(t, "2", recs[0].Headers[outbox.HeaderEventVersion])
+	require.Equal(t, cloudevents.DataSchemaURN+"order.placed:v2", recs[0].Headers["ce_dataschema"])
 }
