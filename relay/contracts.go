@@ -99,16 +99,18 @@ func parseVersion(s string) (int, bool) {
 	return n, true
 }
 
-// checksPerWorker is the fewest events checkContracts gives a goroutine
+// checksPerWorker is the fewest events CheckContracts gives a goroutine
 // of its own: below it, starting one costs more than it saves.
 const checksPerWorker = 64
 
-// checkContracts runs CheckContract on each msgs[i] whose refuse[i] is
-// nil, setting refuse[i] to its error. A large batch is split over
-// GOMAXPROCS goroutines: a check is a JSON Schema validation, tens of
-// microseconds for a payload of a kilobyte, which one goroutine would
-// add up to the better part of a second per batch of 5,000.
-func checkContracts(c outbox.Contracts, msgs []Message, refuse []error) {
+// CheckContracts runs CheckContract on each msgs[i] whose refuse[i] is
+// nil (the source has not refused it already), setting refuse[i] to its
+// error; both sources check each batch with it before sending it. A
+// large batch is split over GOMAXPROCS goroutines: a check is a JSON
+// Schema validation, tens of microseconds for a payload of a kilobyte,
+// which one goroutine would add up to the better part of a second per
+// batch of 5,000.
+func CheckContracts(c outbox.Contracts, msgs []Message, refuse []error) {
 	if c == nil {
 		return
 	}

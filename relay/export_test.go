@@ -10,7 +10,3 @@ func ClaimSQL(t outbox.Tables) string {
 
 // ClaimBegin opens a transaction the way the relayer opens its claims'.
 const ClaimBegin = claimBegin
-
-// CheckContracts is checkContracts: CheckContract over a batch, split
-// over goroutines when it is large.
-var CheckContracts = checkContracts

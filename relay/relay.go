@@ -541,7 +541,7 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 		}
 		refuse[i] = err
 	}
-	checkContracts(r.cfg.Contracts, msgs, refuse)
+	CheckContracts(r.cfg.Contracts, msgs, refuse)
 	errs := make([]error, len(msgs))
 	var blocked map[uuid.UUID]bool
 	send := make([]Message, 0, len(msgs))

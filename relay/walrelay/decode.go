@@ -111,9 +111,8 @@ const timestampLayout = "2006-01-02 15:04:05.999999-07"
 
 // insertItem turns an inserted outbox row into an item, as the polling
 // relay's claim does: the same Message, headers decoded by
-// rowheaders.Decode, topic by the sink's routing, checked against its
-// contract by relay.CheckContract.
-func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing, contracts outbox.Contracts) (item, error) {
+// rowheaders.Decode, topic by the sink's routing.
+func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing) (item, error) {
 	var it item
 	id, err := strconv.ParseInt(string(r.col(tup, "id")), 10, 64)
 	if err != nil {
@@ -133,7 +132,7 @@ func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing, 
 	if created != nil {
 		it.msg.CreatedAt, _ = time.Parse(timestampLayout, string(created))
 	}
-	it.finish(routing, contracts)
+	it.finish(routing)
 	return it, nil
 }
 
@@ -149,7 +148,7 @@ type wireEvent struct {
 // messageItem decodes an event's logical message. An event without an id
 // cannot be published, nor parked: it is returned as an error. Its time is
 // the commit's: a created_at in the message is the writer's, not taken.
-func messageItem(content []byte, committed time.Time, routing outbox.Routing, contracts outbox.Contracts) (item, error) {
+func messageItem(content []byte, committed time.Time, routing outbox.Routing) (item, error) {
 	var ev wireEvent
 	var it item
 	if err := json.Unmarshal(content, &ev); err != nil || ev.ID <= 0 {
@@ -169,22 +168,19 @@ func messageItem(content []byte, committed time.Time, routing outbox.Routing, co
 		// A JSON null payload is published as "null", as a row's is.
 		it.err = relay.PermanentReason(relay.ReasonUndecodable, errors.New(`the event's message has no "payload"`))
 	}
-	it.finish(routing, contracts)
+	it.finish(routing)
 	return it, nil
 }
 
-// finish decodes the headers, routes the type to its topic and checks the
-// event against its contract (nil: none), as the polling relay does; a
-// failure is the item's, permanent.
-func (it *item) finish(routing outbox.Routing, contracts outbox.Contracts) {
+// finish decodes the headers and routes the type to its topic, as the
+// polling relay does; a failure is the item's, permanent. The contract
+// check comes later, batch by batch (checkContracts).
+func (it *item) finish(routing outbox.Routing) {
 	var err error
 	it.msg.Headers, err = rowheaders.Decode(it.rawHeaders, relay.PermanentReason)
 	if err == nil {
 		it.msg.Topic, err = routing.Destination(it.msg.Type)
 		err = relay.PermanentReason(relay.ReasonInvalidTopic, err)
-	}
-	if err == nil && it.err == nil {
-		err = relay.CheckContract(contracts, &it.msg)
 	}
 	if it.err == nil {
 		it.err = err
@@ -227,7 +223,7 @@ func (st *streamer) decode(xld pglogrepl.XLogData) error {
 		if !rel.outbox {
 			return nil
 		}
-		it, err := rel.insertItem(m.Tuple, st.r.routing, st.r.cfg.Contracts)
+		it, err := rel.insertItem(m.Tuple, st.r.routing)
 		if err != nil {
 			return err
 		}
@@ -257,7 +253,7 @@ func (st *streamer) decodeMessage(m *pglogrepl.LogicalDecodingMessage) {
 			st.r.dropped.Add(1)
 			st.r.log.Error("wal relay dropped a logical message with the outbox's prefix: message-mode events are off; if this outbox's producers use outbox.ModeMessage, secure pg_logical_emit_message and start the relay with --messages (Config.Messages)", "lsn", m.LSN.String())
 		default:
-			it, err := messageItem(m.Content, st.commit, st.r.routing, st.r.cfg.Contracts)
+			it, err := messageItem(m.Content, st.commit, st.r.routing)
 			if err != nil {
 				st.r.dropped.Add(1)
 				st.r.log.Error("wal relay dropped a logical message with the outbox's prefix that is not an event", "lsn", m.LSN.String(), "err", err)

@@ -32,8 +32,12 @@ import (
 // Once runCtx ends (Run is stopping), the publish under way is let
 // finish, but a failed one is not retried: the next leader re-sends it.
 //
+// First each item is checked against its contract (checkContracts): one
+// that breaks it is parked in the first round.
+//
 // It reports whether every item was settled.
 func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
+	r.checkContracts(items)
 	// Backoff sleeps end with the stop too.
 	sleepCtx, stopSleep := context.WithCancel(ctx)
 	defer stopSleep()
@@ -239,4 +243,26 @@ func (r *Relayer) park(ctx context.Context, items []item) error {
 			"unpark", fmt.Sprintf("outbox events unpark %d --yes", it.msg.ID))
 	}
 	return nil
+}
+
+// checkContracts checks the items not refused yet against their contracts
+// (Common.Contracts) as the polling relay checks its batches
+// (relay.CheckContracts, spread over GOMAXPROCS goroutines for a large
+// batch): here, on the goroutine that publishes, rather than on the one
+// that reads the stream, so that a batch's checks run in parallel. An item
+// that breaks its contract fails for good (ReasonContract); one that
+// passes without an event_version header gets one.
+func (r *Relayer) checkContracts(items []item) {
+	if r.cfg.Contracts == nil {
+		return
+	}
+	msgs := make([]relay.Message, len(items))
+	refuse := make([]error, len(items))
+	for i := range items {
+		msgs[i], refuse[i] = items[i].msg, items[i].err
+	}
+	relay.CheckContracts(r.cfg.Contracts, msgs, refuse)
+	for i := range items {
+		items[i].msg.Headers, items[i].err = msgs[i].Headers, refuse[i]
+	}
 }
