@@ -526,9 +526,8 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 // publish sends the rows of c that can be sent and returns one error per
 // row. A row that cannot be published (the claim could not decode it, its
 // type routes to no topic, or it breaks its contract) fails before sending
-// (c.refused), and the
-// rows of its aggregate after it are not sent either, so nothing overtakes
-// it.
+// (c.refused), and the rows of its aggregate after it are not sent either,
+// so nothing overtakes it.
 func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 	msgs := c.msgs
 	refuse := make([]error, len(msgs)) // why a row cannot be sent
