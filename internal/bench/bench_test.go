@@ -92,6 +92,9 @@ func TestShortScenariosDrainEveryEvent(t *testing.T) {
 	m := byName["emit"].Metrics
 	require.Positive(t, m["emit.transactions"])
 	require.Positive(t, m["emit.events"])
+	for _, k := range []string{"emit.emit_1k.tx_per_s", "emit.emit_1k_contracts.tx_per_s", "emit.contracts.cost_ratio", "emit.contracts.check_us"} {
+		require.Positive(t, m[k], k)
+	}
 
 	const events = 5_000 // the relay scenario's short preload
 	m = byName["relay"].Metrics
