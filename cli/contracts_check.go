@@ -26,17 +26,13 @@ func usageError(format string, args ...any) error {
 }
 
 func newContractsCheckCmd(g *globals) *cobra.Command {
-	var (
-		dir             contractsFlag
-		against, revGit string
-		asJSON          bool
-	)
+	var o contractsCheck
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Check that each event type's contract versions keep its compatibility mode; exit 1 when one breaks it (for CI)",
 		Long: `check compares the versions of every event type in --contracts under the
-type's compatibility mode (contract.json or contracts.json; BACKWARD by
-default): each version against the one before it, or against every earlier
+type's compatibility mode (contract.json or contracts.json;
+FORWARD_TRANSITIVE by default): each version against the one before it, or against every earlier
 one for the _TRANSITIVE modes; NONE checks nothing. BACKWARD: a consumer
 using the new version reads the events of the old one; FORWARD: a consumer
 using the old version reads the events of the new one; FULL: both.
@@ -62,59 +58,68 @@ document (docs/contracts.md describes it).`,
 			}
 			return nil
 		},
-		RunE: func(c *cobra.Command, _ []string) error {
-			if dir.dir == "" {
-				return usageError("contracts check needs --contracts DIR, the directory of the event contracts")
-			}
-			if against != "" && revGit != "" {
-				return usageError("--against and --against-git both given; compare with one earlier copy")
-			}
-			current, err := dir.load()
-			if err != nil {
-				return usageError("%v", err)
-			}
-			var earlier *contracts.Set
-			var src *againstJSON
-			switch {
-			case against != "":
-				if earlier, err = contracts.Load(against); err != nil {
-					return usageError("--against: %v", err)
-				}
-				src = &againstJSON{Kind: "dir", Ref: against}
-			case revGit != "":
-				var commit string
-				if earlier, commit, err = loadGitContracts(c.Context(), dir.dir, revGit); err != nil {
-					return usageError("--against-git: %v", err)
-				}
-				src = &againstJSON{Kind: "git", Ref: revGit, Commit: commit}
-			}
-			rep := contracts.Compare(earlier, current)
-			if asJSON {
-				if err := writeJSON(g, checkJSON{
-					Compatible: rep.Compatible(), Contracts: dir.dir, Against: src,
-					Types: rep.Types, Versions: rep.Versions,
-					Errors: rep.Errors(), Warnings: len(rep.Findings) - rep.Errors(), Findings: rep.Findings,
-				}); err != nil {
-					return err
-				}
-			} else {
-				printCheck(g.stdout, rep, src)
-			}
-			if !rep.Compatible() {
-				return &exitError{code: 1}
-			}
-			return nil
-		},
+		RunE: func(c *cobra.Command, _ []string) error { return o.run(c, g) },
 	}
 	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError("%s (see '%s --help')", suggestFlag(c, err), c.CommandPath())
 	})
 	f := cmd.Flags()
-	dir.register(f, "the contracts to check")
-	f.StringVar(&against, "against", "", "an earlier copy of the contracts directory to compare with (the last release's, say)")
-	f.StringVar(&revGit, "against-git", "", "compare with the contracts directory as it was at this git revision (e.g. origin/main) of the repository that holds --contracts")
-	f.BoolVar(&asJSON, "json", false, "print one JSON document for scripts (the exit status is the same)")
+	o.dir.register(f, "the contracts to check")
+	f.StringVar(&o.against, "against", "", "an earlier copy of the contracts directory to compare with (the last release's, say)")
+	f.StringVar(&o.revGit, "against-git", "", "compare with the contracts directory as it was at this git revision (e.g. origin/main) of the repository that holds --contracts")
+	f.BoolVar(&o.asJSON, "json", false, "print one JSON document for scripts (the exit status is the same)")
 	return cmd
+}
+
+// contractsCheck is the flags of outbox contracts check.
+type contractsCheck struct {
+	dir             contractsFlag
+	against, revGit string
+	asJSON          bool
+}
+
+func (o *contractsCheck) run(c *cobra.Command, g *globals) error {
+	if o.dir.dir == "" {
+		return usageError("contracts check needs --contracts DIR, the directory of the event contracts")
+	}
+	if o.against != "" && o.revGit != "" {
+		return usageError("--against and --against-git both given; compare with one earlier copy")
+	}
+	current, err := o.dir.load()
+	if err != nil {
+		return usageError("%v", err)
+	}
+	var earlier *contracts.Set
+	var src *againstJSON
+	switch {
+	case o.against != "":
+		if earlier, err = contracts.Load(o.against); err != nil {
+			return usageError("--against: %v", err)
+		}
+		src = &againstJSON{Kind: "dir", Ref: o.against}
+	case o.revGit != "":
+		var commit string
+		if earlier, commit, err = loadGitContracts(c.Context(), o.dir.dir, o.revGit); err != nil {
+			return usageError("--against-git: %v", err)
+		}
+		src = &againstJSON{Kind: "git", Ref: o.revGit, Commit: commit}
+	}
+	rep := contracts.Compare(earlier, current)
+	if o.asJSON {
+		if err := writeJSON(g, checkJSON{
+			Compatible: rep.Compatible(), Contracts: o.dir.dir, Against: src,
+			Types: rep.Types, Versions: rep.Versions,
+			Errors: rep.Errors(), Warnings: len(rep.Findings) - rep.Errors(), Findings: rep.Findings,
+		}); err != nil {
+			return err
+		}
+	} else {
+		printCheck(g.stdout, rep, src)
+	}
+	if !rep.Compatible() {
+		return &exitError{code: 1}
+	}
+	return nil
 }
 
 // checkJSON is what --json prints; docs/contracts.md describes it.

@@ -1144,6 +1144,26 @@ func firstMessage(bs []Break) string {
 
 func (c *checker) checkObjects(ws []node, rm map[string]any, rd *docCtx, ptr string) {
 	c.checkLimits(ws, rm, ptr, "minProperties", "maxProperties", "properties")
+	c.checkRequired(ws, rm, ptr)
+	rprops, _ := rm["properties"].(map[string]any)
+	c.checkProperties(ws, rprops, rd, ptr)
+
+	rpats, _ := rm["patternProperties"].(map[string]any)
+	var rres []*regexp.Regexp
+	for _, q := range sortedKeys(rpats) {
+		rx, err := regexp.Compile(q)
+		if err == nil {
+			rres = append(rres, rx)
+		}
+		c.checkPattern(ws, q, rx, rpats[q], rd, ptr)
+	}
+
+	c.checkAdditional(ws, rm, rprops, rpats, rres, rd, ptr)
+}
+
+// checkRequired reports the properties the reader requires and the
+// writer does not.
+func (c *checker) checkRequired(ws []node, rm map[string]any, ptr string) {
 	if req, ok := rm["required"].([]any); ok {
 		for _, e := range req {
 			name, _ := e.(string)
@@ -1156,7 +1176,11 @@ func (c *checker) checkObjects(ws []node, rm map[string]any, rd *docCtx, ptr str
 			}
 		}
 	}
-	rprops, _ := rm["properties"].(map[string]any)
+}
+
+// checkProperties compares each property the reader declares with what
+// the writer allows under that name.
+func (c *checker) checkProperties(ws []node, rprops map[string]any, rd *docCtx, ptr string) {
 	for _, name := range sortedKeys(rprops) {
 		p := ptr + "/properties/" + escape(name)
 		schemas, declared, never := writerProp(ws, name)
@@ -1178,17 +1202,12 @@ func (c *checker) checkObjects(ws []node, rm map[string]any, rd *docCtx, ptr str
 			}
 		}
 	}
+}
 
-	rpats, _ := rm["patternProperties"].(map[string]any)
-	var rres []*regexp.Regexp
-	for _, q := range sortedKeys(rpats) {
-		rx, err := regexp.Compile(q)
-		if err == nil {
-			rres = append(rres, rx)
-		}
-		c.checkPattern(ws, q, rx, rpats[q], rd, ptr)
-	}
-
+// checkAdditional compares the reader's additionalProperties with the
+// writer's properties it does not declare, and with the writer's own
+// additionalProperties and patternProperties.
+func (c *checker) checkAdditional(ws []node, rm, rprops, rpats map[string]any, rres []*regexp.Regexp, rd *docCtx, ptr string) {
 	a, hasA := rm["additionalProperties"]
 	if !hasA || trivial(a) {
 		return
