@@ -836,8 +836,8 @@ func textArrayLiteral(vals []string) string {
 	return b.String()
 }
 
-// byteaArrayLiteral renders a Postgres array literal of bytea values in
-// hex ("\\x..." once the array's own escaping is undone).
+// byteaArrayLiteral renders a Postgres array literal of bytea values, each
+// in bytea's hex input form (\x and the digits).
 func byteaArrayLiteral(vals [][]byte) string {
 	hexes := make([]string, len(vals))
 	for i, v := range vals {
