@@ -198,6 +198,14 @@ func showEvent(ctx context.Context, db outbox.DB, t outbox.Tables, id int64, pre
 	default:
 		return d, fmt.Errorf("ops: read event %d from %s: %w", id, t.OutboxIdent(), err)
 	}
+	d.finish(headers, contentType, preview)
+	return d, nil
+}
+
+// finish sets what showEvent derives from the row it read: the headers,
+// the payload cut to preview (or its hex, for a binary payload, which the
+// query cut), and the record's size.
+func (d *EventDetail) finish(headers, contentType *string, preview int) {
 	if headers != nil {
 		d.Headers = json.RawMessage(*headers)
 	}
@@ -217,7 +225,6 @@ func showEvent(ctx context.Context, db outbox.DB, t outbox.Tables, id int64, pre
 	if d.Headers == nil || json.Unmarshal(d.Headers, &hm) == nil {
 		d.RecordBytes = outbox.KafkaRouting{}.RecordSize(d.ID, d.Type, sized, hm, "")
 	}
-	return d, nil
 }
 
 // cutUTF8 cuts s to at most n bytes without splitting a character.
