@@ -153,3 +153,45 @@ func TestBinaryPayloadsWaitBoundedForTheLock(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, migrate.BinaryOn, st)
 }
+
+// <outbox>_emit_bytes writes the bytes as given, and refuses what
+// <outbox>_emit refuses, plus a missing or malformed content type.
+func TestEmitBytesFunction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{BinaryPayloads: true})
+	fn := `"` + db.Tables.Schema + `"."events_outbox_emit_bytes"`
+	agg := uuid.New()
+	data := []byte{0, 0xff, '{', ' ', '}', 0}
+	var id int64
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT "+fn+"($1, 'order.placed', $2, 'application/x-protobuf', '{\"trace\": \"t\"}')", agg, data).Scan(&id))
+	var got []byte
+	var ct string
+	var payload *string
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT payload::text, payload_bytes, content_type FROM events_outbox WHERE id = $1", id).Scan(&payload, &got, &ct))
+	require.Nil(t, payload)
+	require.Equal(t, data, got)
+	require.Equal(t, "application/x-protobuf", ct)
+
+	for _, tc := range []struct {
+		args []any
+		code string
+		msg  string
+	}{
+		{[]any{agg, "order.placed", nil, "application/x-protobuf", nil}, "22004", "must not be NULL"},
+		{[]any{agg, "order.placed", data, nil, nil}, "22004", "must not be NULL"},
+		{[]any{agg, "order.placed", data, "", nil}, "22023", "content type"},
+		{[]any{agg, "order.placed", data, "protobuf", nil}, "22023", "content type"},
+		{[]any{agg, "order.placed", data, "a/b\n", nil}, "22023", "content type"},
+		{[]any{uuid.Nil, "order.placed", data, "a/b", nil}, "22023", "nil UUID"},
+		{[]any{agg, "bad topic.x", data, "a/b", nil}, "22023", "character Kafka refuses"},
+		{[]any{agg, "order.placed", data, "a/b", `{"content-type": "x"}`}, "22023", "set by the relayer"},
+		{[]any{agg, "order.placed", make([]byte, 1048576), "a/b", nil}, "22023", "the limit is 1048588"},
+	} {
+		_, err := db.Pool.Exec(ctx, "SELECT "+fn+"($1, $2, $3, $4, $5::jsonb)", tc.args...)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: %v", tc.msg, err)
+		require.Equal(t, tc.code, pgErr.Code, pgErr.Message)
+		require.Contains(t, pgErr.Message, tc.msg)
+	}
+}
