@@ -116,11 +116,7 @@ func (p *Producer) validateBinary(ev Event, b Bytes, versions string) (row, erro
 	if err != nil {
 		return row{}, err
 	}
-	// The content type travels in place of application/json: count the
-	// difference with the payload. One byte more covers a varint length
-	// that the move could make longer (Kafka), so the count never falls
-	// short of the record.
-	n := len(b.Data) + max(len(b.ContentType)-len(ContentTypeJSON), 0) + 1
+	n := len(b.Data) + ContentTypeSizeExtra(b.ContentType)
 	if err := p.checkSizeOf(ev, nil, n, false, "the payload's bytes with its content type"); err != nil {
 		return row{}, err
 	}
@@ -162,4 +158,22 @@ func (r row) binaryArgs(args []any) []any {
 	}
 	args[2] = ""
 	return append(args, r.payload, r.contentType)
+}
+
+// ContentTypeSizeExtra is what a binary payload's content type adds to
+// the size of its event on a sink, whose Routing.Size counts
+// application/json: the difference in the content-type header or
+// property, again in a CloudEvents datacontenttype header where the sink
+// carries one as a header of its own (NATS, percent-encoded: a space, '"'
+// or '%' takes three bytes), and one byte for a varint length the move
+// could lengthen (Kafka). Emit and the relayer's size checks add it to the
+// payload's length, so the count never falls short of the message.
+func ContentTypeSizeExtra(ct string) int {
+	encoded := len(ct)
+	for i := 0; i < len(ct); i++ {
+		if c := ct[i]; c == ' ' || c == '"' || c == '%' {
+			encoded += 2
+		}
+	}
+	return max(len(ct)-len(ContentTypeJSON), 0) + max(encoded-len(ContentTypeJSON), 0) + 1
 }

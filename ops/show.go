@@ -214,7 +214,7 @@ func (d *EventDetail) finish(headers, contentType *string, preview int) {
 		// Hex of the bytes, already cut to preview bytes by the query.
 		d.ContentType = *contentType
 		d.PayloadTruncated = (len(d.Payload)-2)/2 < d.PayloadBytes
-		sized += max(len(d.ContentType)-len(outbox.ContentTypeJSON), 0) + 1 // as relay.SizedPayloadLen
+		sized += outbox.ContentTypeSizeExtra(d.ContentType) // as relay.SizedPayloadLen
 	} else {
 		if preview >= 0 && len(d.Payload) > preview {
 			d.Payload = cutUTF8(d.Payload, preview)

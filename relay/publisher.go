@@ -55,14 +55,14 @@ func ContentTypeOf(m *Message) string {
 
 // SizedPayloadLen is the payload length to give a Routing's Size (or
 // KafkaRouting.RecordSize) for m, whose sizes count the content type as
-// application/json: the payload, plus what m's content type has beyond
-// that, plus one byte for a varint length the move could lengthen. It is
-// the measure Emit used, so the relayer's check agrees with Emit's.
+// application/json: the payload, plus outbox.ContentTypeSizeExtra of a
+// binary payload's content type. It is the measure Emit used, so the
+// relayer's check agrees with Emit's.
 func SizedPayloadLen(m *Message) int {
 	if m.ContentType == "" {
 		return len(m.Payload)
 	}
-	return len(m.Payload) + max(len(m.ContentType)-len(outbox.ContentTypeJSON), 0) + 1
+	return len(m.Payload) + outbox.ContentTypeSizeExtra(m.ContentType)
 }
 
 // Sink delivers batches to a broker (or any destination: a queue, a
