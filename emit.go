@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -95,6 +96,14 @@ type Config struct {
 	// consumers must use a propagator that reads what this one writes.
 	// Defaults to propagation.TraceContext{} (W3C Trace Context).
 	Propagator propagation.TextMapPropagator
+	// BinaryPayloads says that the table was migrated with binary payloads
+	// on (`outbox migrate up --binary-payloads`): Emit then writes Bytes
+	// payloads, exact bytes with their content type, beside JSON ones. A
+	// table without the setting refuses the statements that write them;
+	// with the setting off, Emit refuses a Bytes payload before any SQL
+	// (ErrBinaryPayloadsOff). ModeMessage carries JSON only. Defaults to
+	// false.
+	BinaryPayloads bool
 	// Contracts checks each event's payload against its type's contract
 	// (package contracts: contracts.Load implements it) before any SQL
 	// runs. A payload that breaks it is refused with an error that
@@ -162,6 +171,13 @@ func NewProducer(cfg Config) (*Producer, error) {
 		p.oneSQL = [2]string{sqltext.Render(insertOneLockSQL, ids), sqltext.Render(insertOneLockNotifySQL, ids)}
 	}
 	p.batchSQL = [2]string{sqltext.Render(insertBatchSQL, ids), sqltext.Render(insertBatchNotifySQL, ids)}
+	if cfg.BinaryPayloads {
+		p.oneSQL = [2]string{sqltext.Render(insertBinaryOneSQL, ids), sqltext.Render(insertBinaryOneNotifySQL, ids)}
+		if !cfg.DisableAggregateLock {
+			p.oneSQL = [2]string{sqltext.Render(insertBinaryOneLockSQL, ids), sqltext.Render(insertBinaryOneLockNotifySQL, ids)}
+		}
+		p.batchSQL = [2]string{sqltext.Render(insertBinaryBatchSQL, ids), sqltext.Render(insertBinaryBatchNotifySQL, ids)}
+	}
 	switch cfg.Mode {
 	case ModeInsertDelete:
 		p.deleteOne = sqltext.Render(deleteOneSQL, ids)
@@ -223,6 +239,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.Mode < ModeInsert || cfg.Mode > ModeMessage {
 		return fmt.Errorf("outbox: Mode is %d; use ModeInsert, ModeInsertDelete or ModeMessage", int(cfg.Mode))
+	}
+	if cfg.BinaryPayloads && cfg.Mode == ModeMessage {
+		return fmt.Errorf("outbox: BinaryPayloads is set with ModeMessage, whose logical messages carry JSON payloads only; use ModeInsert or ModeInsertDelete")
 	}
 	return nil
 }
@@ -335,11 +354,14 @@ func (p *Producer) insertErr(err error) error {
 // they bind through database/sql too).
 func (p *Producer) prepareOne(ctx context.Context, ev Event) (string, []any, error) {
 	ev.Headers = withTrace(ev.Headers, p.traceHeaders(ctx))
-	payload, hdr, err := p.validate(ev, "")
+	r, err := p.validate(ev, "")
 	if err != nil {
 		return "", nil, err
 	}
-	args := []any{ev.AggregateID.String(), ev.Type, string(payload), hdr}
+	args := []any{ev.AggregateID.String(), ev.Type, string(r.payload), r.headers}
+	if p.cfg.BinaryPayloads {
+		args = r.binaryArgs(args)
+	}
 	if p.cfg.Mode == ModeMessage {
 		return p.oneSQL[0], args, nil
 	}
@@ -508,10 +530,16 @@ func (p *Producer) prepare(ctx context.Context, events []Event, text bool, versi
 	types := make([]string, len(events))
 	payloads := make([]string, len(events))
 	headers := make([]string, len(events))
+	var binary [][]byte
+	var contentTypes []string
+	if p.cfg.BinaryPayloads {
+		binary = make([][]byte, len(events))
+		contentTypes = make([]string, len(events))
+	}
 	var keys []int32
 	for i, ev := range events {
 		ev.Headers = withTrace(ev.Headers, tc)
-		payload, hdr, err := p.validate(ev, versions)
+		r, err := p.validate(ev, versions)
 		if err != nil {
 			if versions != "" {
 				return "", nil, fmt.Errorf("version %d of %s: %w", ev.Version, versions, err)
@@ -523,8 +551,12 @@ func (p *Producer) prepare(ctx context.Context, events []Event, text bool, versi
 		}
 		aggs[i] = ev.AggregateID.String()
 		types[i] = ev.Type
-		payloads[i] = string(payload)
-		headers[i] = hdr
+		headers[i] = r.headers
+		if r.contentType == "" {
+			payloads[i] = string(r.payload)
+		} else {
+			binary[i], contentTypes[i] = r.payload, r.contentType
+		}
 		if !p.cfg.DisableAggregateLock {
 			keys = append(keys, p.lockKey(ev.AggregateID))
 		}
@@ -544,6 +576,18 @@ func (p *Producer) prepare(ctx context.Context, events []Event, text bool, versi
 	if text {
 		args = []any{p.lockNS, int32ArrayLiteral(keys), textArrayLiteral(aggs), textArrayLiteral(types), textArrayLiteral(payloads), textArrayLiteral(headers)}
 	}
+	if p.cfg.BinaryPayloads {
+		if text {
+			args = append(args, byteaArrayLiteral(binary), textArrayLiteral(contentTypes))
+		} else {
+			for i := range binary {
+				if binary[i] == nil {
+					binary[i] = []byte{}
+				}
+			}
+			args = append(args, binary, contentTypes)
+		}
+	}
 	notify := p.notify()
 	if notify {
 		args = append(args, p.channel)
@@ -555,62 +599,73 @@ func (p *Producer) lockKey(id uuid.UUID) int32 {
 	return lockkey.Bucket(id, p.cfg.LockBuckets)
 }
 
-// validate checks one event and returns its serialised payload and headers
-// ("" for none). It refuses, before any SQL runs, what Postgres would refuse
+// row is one validated event's payload, as it is written: JSON text, or a
+// Bytes payload's data with its content type; and its headers as JSON ("" for
+// none).
+type row struct {
+	payload     []byte
+	contentType string // "" for JSON
+	headers     string
+}
+
+// validate checks one event and returns its row. It refuses, before any SQL runs, what Postgres would refuse
 // (which would abort the caller's transaction) and what the sink would, as
 // its Routing says: a type with no destination, an event over the limit
 // once Postgres has normalised the payload. Nothing is rewritten.
 // versions, when not "", is the event_versions header to add (EmitVersions).
-func (p *Producer) validate(ev Event, versions string) ([]byte, string, error) {
+func (p *Producer) validate(ev Event, versions string) (row, error) {
 	if ev.Type == "" {
-		return nil, "", fmt.Errorf("%w; set Event.Type, e.g. \"order.placed\"", ErrEmptyType)
+		return row{}, fmt.Errorf("%w; set Event.Type, e.g. \"order.placed\"", ErrEmptyType)
 	}
 	if ev.AggregateID == uuid.Nil {
-		return nil, "", fmt.Errorf("%w (type %s); set Event.AggregateID to the id of the entity the event is about", ErrNilAggregate, quoteShort(ev.Type))
+		return row{}, fmt.Errorf("%w (type %s); set Event.AggregateID to the id of the entity the event is about", ErrNilAggregate, quoteShort(ev.Type))
 	}
 	if _, err := p.cfg.Routing.Destination(ev.Type); err != nil {
-		return nil, "", err
+		return row{}, err
 	}
 	if why := pgtext.Invalid(ev.Type); why != "" {
-		return nil, "", fmt.Errorf("%w: type %s %s; Postgres text cannot store it, so use valid UTF-8 without NUL characters", ErrInvalidType, quoteShort(ev.Type), why)
+		return row{}, fmt.Errorf("%w: type %s %s; Postgres text cannot store it, so use valid UTF-8 without NUL characters", ErrInvalidType, quoteShort(ev.Type), why)
 	}
 	for k, v := range ev.Headers {
 		switch {
 		case k == "":
-			return nil, "", fmt.Errorf("%w (type %s): a header name is empty", ErrInvalidHeaders, quoteShort(ev.Type))
+			return row{}, fmt.Errorf("%w (type %s): a header name is empty", ErrInvalidHeaders, quoteShort(ev.Type))
 		case IsReservedHeader(k):
-			return nil, "", fmt.Errorf("%w (type %s): header %q is set by the relayer; use another name", ErrInvalidHeaders, quoteShort(ev.Type), k)
+			return row{}, fmt.Errorf("%w (type %s): header %q is set by the relayer; use another name", ErrInvalidHeaders, quoteShort(ev.Type), k)
 		}
 		if why := pgtext.Invalid(k); why != "" {
-			return nil, "", fmt.Errorf("%w (type %s): header name %s %s; use valid UTF-8 without NUL characters", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
+			return row{}, fmt.Errorf("%w (type %s): header name %s %s; use valid UTF-8 without NUL characters", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
 		}
 		if why := pgtext.Invalid(v); why != "" {
-			return nil, "", fmt.Errorf("%w (type %s): the value of header %s %s; use valid UTF-8 without NUL characters (base64-encode binary values)", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
+			return row{}, fmt.Errorf("%w (type %s): the value of header %s %s; use valid UTF-8 without NUL characters (base64-encode binary values)", ErrInvalidHeaders, quoteShort(ev.Type), quoteShort(k), why)
 		}
+	}
+	if b, ok := binaryPayload(ev.Payload); ok {
+		return p.validateBinary(ev, b, versions)
 	}
 	payload, err := serialise(ev.Payload)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
+		return row{}, fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
 	ev.Payload = json.RawMessage(payload)
 	n, multiKey, err := jsonbScan(payload)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
+		return row{}, fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
 	if ev.Headers, err = p.checkContract(ev, versions); err != nil {
-		return nil, "", err
+		return row{}, err
 	}
 	if err := p.checkSize(ev, payload, n, multiKey); err != nil {
-		return nil, "", err
+		return row{}, err
 	}
 	if len(ev.Headers) == 0 {
-		return payload, "", nil
+		return row{payload: payload}, nil
 	}
 	hdr, err := json.Marshal(ev.Headers)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w (type %s): %s", ErrInvalidHeaders, quoteShort(ev.Type), err)
+		return row{}, fmt.Errorf("%w (type %s): %s", ErrInvalidHeaders, quoteShort(ev.Type), err)
 	}
-	return payload, string(hdr), nil
+	return row{payload: payload, headers: string(hdr)}, nil
 }
 
 // checkContract checks ev's payload (JSON text, as serialised) against its
@@ -619,6 +674,11 @@ func (p *Producer) validate(ev Event, versions string) ([]byte, string, error) {
 // contracts), and the event_versions header when versions is not "". The
 // caller's map is never modified.
 func (p *Producer) checkContract(ev Event, versions string) (map[string]string, error) {
+	return versionHeaders(ev, p.cfg.Contracts, versions)
+}
+
+// versionHeaders is checkContract with the contracts c (nil: none).
+func versionHeaders(ev Event, c Contracts, versions string) (map[string]string, error) {
 	if _, set := ev.Headers[HeaderEventVersion]; set {
 		return nil, fmt.Errorf("%w (type %s): header %q is written from Event.Version; set that instead", ErrInvalidHeaders, quoteShort(ev.Type), HeaderEventVersion)
 	}
@@ -629,9 +689,9 @@ func (p *Producer) checkContract(ev Event, versions string) (map[string]string, 
 		return nil, fmt.Errorf("%w (type %s): Event.Version is %d; versions start at 1 (0 means the type's latest)", ErrContractViolation, quoteShort(ev.Type), ev.Version)
 	}
 	version := ev.Version
-	if p.cfg.Contracts != nil {
+	if c != nil {
 		var err error
-		if version, err = p.cfg.Contracts.Check(ev.Type, ev.Version, ev.Payload.(json.RawMessage)); err != nil {
+		if version, err = c.Check(ev.Type, ev.Version, ev.Payload.(json.RawMessage)); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrContractViolation, err)
 		}
 	}
@@ -653,6 +713,12 @@ func (p *Producer) checkContract(ev Event, versions string) (map[string]string, 
 // payload's JSONB text length, which counts every member of repeated keys
 // when multiKey.
 func (p *Producer) checkSize(ev Event, payload []byte, n int, multiKey bool) error {
+	return p.checkSizeOf(ev, payload, n, multiKey, "the payload after Postgres' JSONB normalisation")
+}
+
+// checkSizeOf is checkSize, with what the payload's n bytes are in the
+// error's words.
+func (p *Producer) checkSizeOf(ev Event, payload []byte, n int, multiKey bool, what string) error {
 	lim := p.cfg.Routing.Limit()
 	if lim.Bytes <= 0 {
 		return nil
@@ -674,8 +740,8 @@ func (p *Producer) checkSize(ev Event, payload []byte, n int, multiKey bool) err
 	if lim.Seen != "" {
 		seen = " " + lim.Seen
 	}
-	return fmt.Errorf("%w: type %s makes %s of %s%s, of which the payload after Postgres' JSONB normalisation is %d bytes, the type %d and the headers %d; the limit is %s: set %s higher, or shrink the event",
-		ErrPayloadTooLarge, quoteShort(ev.Type), lim.Unit, sizeText(size), seen, n, len(ev.Type), h, sizeText(lim.Bytes), lim.Raise)
+	return fmt.Errorf("%w: type %s makes %s of %s%s, of which %s is %d bytes, the type %d and the headers %d; the limit is %s: set %s higher, or shrink the event",
+		ErrPayloadTooLarge, quoteShort(ev.Type), lim.Unit, sizeText(size), seen, what, n, len(ev.Type), h, sizeText(lim.Bytes), lim.Raise)
 }
 
 // serialise returns the payload's JSON text. jsonbScan then checks it for
@@ -768,6 +834,16 @@ func textArrayLiteral(vals []string) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// byteaArrayLiteral renders a Postgres array literal of bytea values, each
+// in bytea's hex input form (\x and the digits).
+func byteaArrayLiteral(vals [][]byte) string {
+	hexes := make([]string, len(vals))
+	for i, v := range vals {
+		hexes[i] = `\x` + hex.EncodeToString(v)
+	}
+	return textArrayLiteral(hexes)
 }
 
 func int32ArrayLiteral(vals []int32) string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgtest"
+	"github.com/pgoutbox/outbox/migrate"
 )
 
 // exampleDatabase is where the examples below run under go test: a
@@ -269,4 +270,46 @@ func ExampleEmitVersions() {
 	// ids [1 2]
 	// event 1: version 1 of 1,2
 	// event 2: version 2 of 1,2
+}
+
+// A payload of exact bytes (here a Protobuf message) with its content
+// type, into an outbox with binary payloads on (`outbox migrate up
+// --binary-payloads`). The relayer publishes the bytes as they are, with
+// content-type application/x-protobuf.
+func ExampleBytes() {
+	ctx := context.Background()
+	databaseURL, drop := exampleDatabase() // yours: os.Getenv("DATABASE_URL")
+	defer drop()
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		fmt.Println("no database:", err)
+		return
+	}
+	defer conn.Close(ctx)
+	m, _ := migrate.New(outbox.Tables{})
+	if _, err := m.EnableBinaryPayloads(ctx, conn); err != nil { // once, as the table's owner
+		fmt.Println("binary payloads not on:", err)
+		return
+	}
+
+	producer, _ := outbox.NewProducer(outbox.Config{BinaryPayloads: true})
+	order := []byte{0x08, 0xcf, 0x0f, 0x12, 0x03, 'E', 'U', 'R'} // proto.Marshal(&pb.Order{TotalCents: 1999, Currency: "EUR"})
+	var eventID int64
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		eventID, err = producer.Emit(ctx, tx, outbox.Event{
+			AggregateID: uuid.New(),
+			Type:        "order.placed",
+			Payload:     outbox.Bytes{ContentType: "application/x-protobuf", Data: order},
+		})
+		return err
+	})
+	if err != nil {
+		fmt.Println("not emitted:", err)
+		return
+	}
+	var stored []byte
+	var contentType string
+	_ = conn.QueryRow(ctx, "SELECT payload_bytes, content_type FROM events_outbox WHERE id = $1", eventID).Scan(&stored, &contentType)
+	fmt.Printf("event %d: %x as %s\n", eventID, stored, contentType)
+	// Output: event 1: 08cf0f1203455552 as application/x-protobuf
 }

@@ -5,7 +5,7 @@ var JSONBTextLen = jsonbTextLen
 
 // Validate runs p's checks of ev without a database.
 func Validate(p *Producer, ev Event) error {
-	_, _, err := p.validate(ev, "")
+	_, err := p.validate(ev, "")
 	return err
 }
 

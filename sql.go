@@ -73,6 +73,57 @@ SELECT $1::uuid, $2::text, $3::text::jsonb, NULLIF($4::text, '')::jsonb FROM pre
 RETURNING id`
 )
 
+// With Config.BinaryPayloads (a table migrated with binary payloads on,
+// migrate.Migrator.EnableBinaryPayloads) the inserts also write
+// payload_bytes and content_type: a JSON event leaves them NULL, a binary
+// one (Bytes) leaves payload NULL; the table's CHECK refuses anything
+// else. The parameters are those above with two more after the headers:
+// the bytes and the content type ("" for a JSON event; the bytes are then
+// ignored), so that the lock's and the channel's move up by two. A
+// producer without the setting runs the statements above, unchanged.
+const (
+	insertBinaryBatchSQL = `WITH locked AS MATERIALIZED (
+  SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) WITH ORDINALITY AS l(k, n) ORDER BY n
+)
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers, payload_bytes, content_type)
+SELECT e.aggregate_id, e.type, NULLIF(e.payload, '')::jsonb, NULLIF(e.headers, '')::jsonb,
+  CASE WHEN e.content_type <> '' THEN e.bytes END, NULLIF(e.content_type, '')
+FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, bytes, content_type, ord)
+WHERE (SELECT count(*) FROM locked) >= 0
+ORDER BY e.ord
+RETURNING id`
+
+	insertBinaryBatchNotifySQL = `WITH locked AS MATERIALIZED (
+  SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) WITH ORDINALITY AS l(k, n) ORDER BY n
+), notified AS MATERIALIZED (SELECT pg_notify($9::text, ''))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers, payload_bytes, content_type)
+SELECT e.aggregate_id, e.type, NULLIF(e.payload, '')::jsonb, NULLIF(e.headers, '')::jsonb,
+  CASE WHEN e.content_type <> '' THEN e.bytes END, NULLIF(e.content_type, '')
+FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::text[]) WITH ORDINALITY AS e(aggregate_id, type, payload, headers, bytes, content_type, ord)
+WHERE (SELECT count(*) FROM locked) >= 0 AND (SELECT count(*) FROM notified) >= 0
+ORDER BY e.ord
+RETURNING id`
+
+	insertBinaryOneSQL = `INSERT INTO {{outbox}} (aggregate_id, type, payload, headers, payload_bytes, content_type)
+SELECT $1::uuid, $2::text, NULLIF($3::text, '')::jsonb, NULLIF($4::text, '')::jsonb, CASE WHEN $6::text <> '' THEN $5::bytea END, NULLIF($6::text, '')
+RETURNING id`
+
+	insertBinaryOneLockSQL = `WITH pre AS MATERIALIZED (SELECT pg_advisory_xact_lock($7::int4, $8::int4))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers, payload_bytes, content_type)
+SELECT $1::uuid, $2::text, NULLIF($3::text, '')::jsonb, NULLIF($4::text, '')::jsonb, CASE WHEN $6::text <> '' THEN $5::bytea END, NULLIF($6::text, '') FROM pre
+RETURNING id`
+
+	insertBinaryOneNotifySQL = `WITH pre AS MATERIALIZED (SELECT pg_notify($7::text, ''))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers, payload_bytes, content_type)
+SELECT $1::uuid, $2::text, NULLIF($3::text, '')::jsonb, NULLIF($4::text, '')::jsonb, CASE WHEN $6::text <> '' THEN $5::bytea END, NULLIF($6::text, '') FROM pre
+RETURNING id`
+
+	insertBinaryOneLockNotifySQL = `WITH pre AS MATERIALIZED (SELECT pg_advisory_xact_lock($7::int4, $8::int4), pg_notify($9::text, ''))
+INSERT INTO {{outbox}} (aggregate_id, type, payload, headers, payload_bytes, content_type)
+SELECT $1::uuid, $2::text, NULLIF($3::text, '')::jsonb, NULLIF($4::text, '')::jsonb, CASE WHEN $6::text <> '' THEN $5::bytea END, NULLIF($6::text, '') FROM pre
+RETURNING id`
+)
+
 // The WAL-only modes take no advisory lock and send no NOTIFY: the WAL
 // source publishes in commit order and does not listen.
 //
@@ -112,6 +163,9 @@ var _ = sqltext.Register("outbox", map[string]string{
 	"insertBatchSQL": insertBatchSQL, "insertBatchNotifySQL": insertBatchNotifySQL,
 	"insertOneSQL": insertOneSQL, "insertOneLockSQL": insertOneLockSQL,
 	"insertOneNotifySQL": insertOneNotifySQL, "insertOneLockNotifySQL": insertOneLockNotifySQL,
+	"insertBinaryBatchSQL": insertBinaryBatchSQL, "insertBinaryBatchNotifySQL": insertBinaryBatchNotifySQL,
+	"insertBinaryOneSQL": insertBinaryOneSQL, "insertBinaryOneLockSQL": insertBinaryOneLockSQL,
+	"insertBinaryOneNotifySQL": insertBinaryOneNotifySQL, "insertBinaryOneLockNotifySQL": insertBinaryOneLockNotifySQL,
 })
 
 // idents are the quoted names of t's tables and indexes (t with defaults).

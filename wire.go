@@ -9,7 +9,8 @@ const (
 	HeaderEventID = "event_id"
 	// HeaderEventType is the event's Type.
 	HeaderEventType = "event_type"
-	// HeaderContentType is always "application/json".
+	// HeaderContentType is ContentTypeJSON, or a binary payload's
+	// content type (Bytes.ContentType).
 	HeaderContentType = "content-type"
 	// HeaderEventSource names the outbox a record came from, when the
 	// relayer is given a source. event_id is unique only within one outbox;
@@ -38,7 +39,8 @@ const HeaderEventVersion = "event_version"
 // header.
 const HeaderEventVersions = "event_versions"
 
-// ContentTypeJSON is the value of the content-type header.
+// ContentTypeJSON is the value of the content-type header of a JSON
+// payload.
 const ContentTypeJSON = "application/json"
 
 // MaxSourceLen is the longest event_source a relayer accepts. Emit counts

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/consumer"
 	"github.com/pgoutbox/outbox/consumer/consumermetrics"
 	"github.com/pgoutbox/outbox/internal/clip"
@@ -59,8 +61,8 @@ to end. It is a consumer, not a read-only viewer: it writes.
     restarts, a new --group). Retention cleanup deletes those rows after
     --processed-retention (30 days).
   - It commits the group's offsets.
-  - A record it cannot handle (no event_id header, payload not JSON) is
-    dead-lettered: written to <topic>.dlq, a topic the broker creates if it
+  - A record it cannot handle (no event_id header, payload not JSON where
+    its content-type header says JSON or is absent) is dead-lettered: written to <topic>.dlq, a topic the broker creates if it
     allows auto-creation.
 
 To watch a topic without writing anything, read it with kcat:
@@ -76,6 +78,10 @@ prints one JSON object per line instead:
 
   {"event_id":42,"source":"","type":"order.placed","aggregate_id":"...",
    "topic":"order","partition":3,"offset":17,"payload":{...}}
+
+A binary payload (its content type not JSON) is shown as its content type
+and its bytes in hex on a text line, and with --json as "payload":null,
+"content_type" and "payload_base64".
 
 --quiet prints nothing (load tests). --http host:port serves /metrics
 (outbox_consumer_processed_total, _duplicates_total, _dead_letters_total,
@@ -289,6 +295,11 @@ type consumedEvent struct {
 	Partition   int32           `json:"partition"`
 	Offset      int64           `json:"offset"`
 	Payload     json.RawMessage `json:"payload"`
+	// ContentType and PayloadBase64 are set for a binary payload (a
+	// content type that is not JSON), whose bytes are base64 in
+	// payload_base64 and payload is null.
+	ContentType   string  `json:"content_type,omitempty"`
+	PayloadBase64 *string `json:"payload_base64,omitempty"`
 }
 
 // Output formats of `outbox consume`.
@@ -344,11 +355,16 @@ func (p *eventPrinter) handle(_ context.Context, _ pgx.Tx, ev consumer.Event) er
 	case formatJSON:
 		enc := json.NewEncoder(&line)
 		enc.SetEscapeHTML(false) // print payloads as they are, '<' and '&' included
-		if err := enc.Encode(consumedEvent{
+		out := consumedEvent{
 			EventID: ev.ID, Source: ev.Source, Type: ev.Type, AggregateID: ev.AggregateID,
 			Topic: ev.Topic, Partition: ev.Partition, Offset: ev.Offset, Payload: ev.Payload,
-		}); err != nil {
-			return consumer.Permanent(err) // the consumer has checked the payload is JSON: not reached
+		}
+		if !outbox.IsJSONContentType(ev.ContentType) && ev.ContentType != "" {
+			b64 := base64.StdEncoding.EncodeToString(ev.Payload)
+			out.Payload, out.ContentType, out.PayloadBase64 = json.RawMessage("null"), ev.ContentType, &b64
+		}
+		if err := enc.Encode(out); err != nil {
+			return consumer.Permanent(err) // the consumer has checked a JSON payload is JSON: not reached
 		}
 	default:
 		writeTextLine(&line, ev)
@@ -378,7 +394,10 @@ func writeTextLine(b *bytes.Buffer, ev consumer.Event) {
 	}
 	fmt.Fprintf(b, " aggregate=%s topic=%s partition=%d offset=%d payload=", ev.AggregateID, ev.Topic, ev.Partition, ev.Offset)
 	var payload bytes.Buffer
-	if err := json.Compact(&payload, ev.Payload); err != nil {
+	if ev.ContentType != "" && !outbox.IsJSONContentType(ev.ContentType) {
+		// A binary payload: its content type, and its bytes in hex.
+		fmt.Fprintf(&payload, "(%s) \\x%x", clip.Field(ev.ContentType), ev.Payload)
+	} else if err := json.Compact(&payload, ev.Payload); err != nil {
 		payload.Reset()
 		payload.WriteString(strconv.Quote(string(ev.Payload))) // the consumer has checked it is JSON: not reached
 	} else if s := clip.PrintableJSON(payload.String()); s != payload.String() {

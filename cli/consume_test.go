@@ -425,3 +425,23 @@ func TestConsumeRejectsBadFlags(t *testing.T) {
 	stdout = out.String()
 	require.Contains(t, stdout, "consume")
 }
+
+// A binary payload prints as its content type and hex on a text line, and
+// as base64 beside "payload": null with --json.
+func TestConsumePrintsBinaryPayloads(t *testing.T) {
+	t.Parallel()
+	var b bytes.Buffer
+	ev := consumer.Event{ID: 9, Type: "order.placed", AggregateID: uuid.New(), Topic: "order",
+		ContentType: "application/x-protobuf", Payload: []byte{0x0a, 0, 0xff}}
+	writeTextLine(&b, ev)
+	require.Contains(t, b.String(), `payload=(application/x-protobuf) \x0a00ff`+"\n")
+
+	b.Reset()
+	p := &eventPrinter{w: &b, format: formatJSON}
+	require.NoError(t, p.handle(context.Background(), nil, ev))
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(b.Bytes(), &got))
+	require.Nil(t, got["payload"])
+	require.Equal(t, "application/x-protobuf", got["content_type"])
+	require.Equal(t, "CgD/", got["payload_base64"])
+}

@@ -146,6 +146,9 @@ func printEvent(g *globals, d ops.EventDetail) error {
 	} else {
 		fmt.Fprintf(w, "payload\t%d bytes\n", d.PayloadBytes)
 	}
+	if d.ContentType != "" {
+		fmt.Fprintf(w, "content type\t%s\t(a binary payload: shown in hex)\n", clip.PrintableJSON(d.ContentType))
+	}
 	headers := "-"
 	if d.Headers != nil {
 		headers = clip.PrintableJSON(string(d.Headers))
@@ -178,7 +181,11 @@ func printEvent(g *globals, d ops.EventDetail) error {
 		return err
 	}
 	if d.PayloadTruncated {
-		fmt.Fprintf(g.stdout, "payload (first %d of %d bytes; --payload prints it all):\n%s...\n", len(d.Payload), d.PayloadBytes, clip.PrintableJSON(d.Payload))
+		shown := len(d.Payload)
+		if d.ContentType != "" {
+			shown = (len(d.Payload) - 2) / 2 // hex, after \x
+		}
+		fmt.Fprintf(g.stdout, "payload (first %d of %d bytes; --payload prints it all):\n%s...\n", shown, d.PayloadBytes, clip.PrintableJSON(d.Payload))
 	} else {
 		fmt.Fprintf(g.stdout, "payload:\n%s\n", clip.PrintableJSON(d.Payload))
 	}
@@ -199,10 +206,14 @@ func eventJSON(d ops.EventDetail) map[string]any {
 		"record_bytes":      d.RecordBytes,
 		"payload":           d.Payload,
 		"payload_truncated": d.PayloadTruncated,
+		"content_type":      nil,
 		"headers":           nil,
 		"failure":           nil,
 		"blocked_by":        nil,
 		"parked":            nil,
+	}
+	if d.ContentType != "" {
+		m["content_type"] = d.ContentType
 	}
 	if d.Headers != nil {
 		m["headers"] = d.Headers

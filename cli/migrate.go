@@ -33,32 +33,50 @@ print' writes the SQL for a migration tool of your own.`,
 }
 
 func newMigrateUpCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var binary bool
+	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Apply every pending migration",
-		Args:  cobra.NoArgs,
+		Long: `up applies every pending migration. With --binary-payloads it then turns
+binary payloads on for the outbox table: payload_bytes (bytea) and
+content_type columns beside payload, so that producers can emit payloads of
+exact bytes with a content type of their own (Protobuf, Avro, JSON as
+written), which the relay publishes byte for byte. Catalog changes only, each
+in a short transaction that waits at most 2s for its lock (and is retried):
+no table rewrite. Running it again is a no-op; without the flag, a table's
+setting is left as it is. 'migrate down --binary-payloads' turns it off.`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			m, pool, err := g.migrator(c)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			applied, err := m.Up(c.Context(), pool)
+			up := m.Up
+			if binary {
+				up = m.EnableBinaryPayloads
+			}
+			applied, err := up(c.Context(), pool)
 			if err != nil {
 				return err
 			}
 			t, _ := g.tables()
-			if len(applied) == 0 {
-				fmt.Fprintf(g.stdout, "%s is up to date at version %d\n", t.OutboxIdent(), m.Latest())
-				return nil
-			}
 			for _, v := range applied {
 				fmt.Fprintf(g.stdout, "applied version %d (%s)\n", v, m.Migrations()[v-1].Name)
 			}
-			fmt.Fprintf(g.stdout, "%s is at version %d\n", t.OutboxIdent(), m.Latest())
+			if len(applied) == 0 {
+				fmt.Fprintf(g.stdout, "%s is up to date at version %d\n", t.OutboxIdent(), m.Latest())
+			} else {
+				fmt.Fprintf(g.stdout, "%s is at version %d\n", t.OutboxIdent(), m.Latest())
+			}
+			if binary {
+				fmt.Fprintf(g.stdout, "binary payloads are on for %s; set outbox.Config.BinaryPayloads in its producers\n", t.OutboxIdent())
+			}
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&binary, "binary-payloads", false, "also turn binary payloads on for the outbox table (payload_bytes and content_type columns)")
+	return cmd
 }
 
 func newMigrateStatusCmd(g *globals) *cobra.Command {
@@ -78,6 +96,13 @@ func newMigrateStatusCmd(g *globals) *cobra.Command {
 			}
 			t, _ := g.tables()
 			fmt.Fprintf(g.stdout, "%s: version %d of %d\n", t.OutboxIdent(), st.Current, st.Latest)
+			if st.Current == st.Latest {
+				bin, err := m.BinaryPayloads(c.Context(), pool)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(g.stdout, "  binary payloads: %s\n", bin)
+			}
 			for _, a := range st.Applied {
 				name := "unknown to this binary"
 				if a.Version <= m.Latest() {
@@ -101,12 +126,21 @@ func newMigrateStatusCmd(g *globals) *cobra.Command {
 
 func newMigrateDownCmd(g *globals) *cobra.Command {
 	var to string
-	var yes bool
+	var yes, binary bool
 	cmd := &cobra.Command{
-		Use:   "down --to VERSION --yes",
-		Short: "Revert migrations above VERSION (destroys data)",
-		Args:  cobra.NoArgs,
+		Use:   "down --to VERSION --yes | --binary-payloads --yes",
+		Short: "Revert migrations above VERSION (destroys data), or turn binary payloads off",
+		Long: `down --to VERSION reverts the migrations above VERSION (0 drops the tables
+and their data). A table with binary payloads on must have them turned off
+first: down --binary-payloads refuses new binary events, refuses to go on
+while a pending or parked row holds one, deletes the published rows that
+hold one, and drops the payload_bytes and content_type columns, without a
+table rewrite.`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			if binary {
+				return migrateBinaryOff(c, g, to, yes)
+			}
 			target, err := strconv.Atoi(to)
 			if err != nil || to == "" {
 				return fmt.Errorf("--to %q: give the version to revert to, e.g. --to 0 to drop the tables", to)
@@ -147,7 +181,29 @@ func newMigrateDownCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&to, "to", "", "version to revert to (0 drops everything)")
 	cmd.Flags().BoolVar(&yes, "yes", false, "confirm that data may be destroyed")
+	cmd.Flags().BoolVar(&binary, "binary-payloads", false, "turn binary payloads off for the outbox table instead (deletes the published rows that hold one)")
 	return cmd
+}
+
+// migrateBinaryOff is `migrate down --binary-payloads`.
+func migrateBinaryOff(c *cobra.Command, g *globals, to string, yes bool) error {
+	if to != "" {
+		return fmt.Errorf("--binary-payloads and --to are separate steps: turn binary payloads off first, then revert with --to")
+	}
+	if !yes {
+		return fmt.Errorf("migrate down --binary-payloads deletes the published rows that hold binary payloads; add --yes if you mean it")
+	}
+	m, pool, err := g.migrator(c)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := m.DisableBinaryPayloads(c.Context(), pool); err != nil {
+		return err
+	}
+	t, _ := g.tables()
+	fmt.Fprintf(g.stdout, "binary payloads are off for %s\n", t.OutboxIdent())
+	return nil
 }
 
 func newMigratePrintCmd(g *globals) *cobra.Command {

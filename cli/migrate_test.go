@@ -89,3 +89,35 @@ func TestMigratePrintHelpNamesTheVersionsItReverts(t *testing.T) {
 	require.Equal(t, m[1], printed[0], "the newest version reverted")
 	require.Equal(t, m[2], printed[len(printed)-1], "the oldest version reverted")
 }
+
+// migrate up --binary-payloads turns the setting on (status says so), and
+// down --binary-payloads --yes off; down --to waits for it to be off.
+func TestMigrateBinaryPayloads(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	flags := []string{"--database-url", db.URL, "--schema", db.Tables.Schema}
+	code, out, stderr := outbox(t, append([]string{"migrate", "status"}, flags...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "binary payloads: off")
+
+	code, out, stderr = outbox(t, append([]string{"migrate", "up", "--binary-payloads"}, flags...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "binary payloads are on")
+	code, out, stderr = outbox(t, append([]string{"migrate", "status"}, flags...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "binary payloads: on")
+
+	code, _, stderr = outbox(t, append([]string{"migrate", "down", "--to", "0", "--yes"}, flags...)...)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "migrate down --binary-payloads")
+	code, _, stderr = outbox(t, append([]string{"migrate", "down", "--binary-payloads"}, flags...)...)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--yes")
+
+	code, out, stderr = outbox(t, append([]string{"migrate", "down", "--binary-payloads", "--yes"}, flags...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "binary payloads are off")
+	code, out, stderr = outbox(t, append([]string{"migrate", "status"}, flags...)...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "binary payloads: off")
+}

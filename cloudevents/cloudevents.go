@@ -15,7 +15,7 @@
 //	type            the event type
 //	subject         the aggregate id
 //	time            when the row became pending (its created_at)
-//	datacontenttype application/json
+//	datacontenttype application/json, or a binary payload's content type
 //	dataschema      the contract the payload was written against, when
 //	                the event has an event_version header
 //	specversion     1.0
@@ -133,6 +133,9 @@ type Event struct {
 	Time time.Time
 	// Version is the event_version header, "" when the event has none.
 	Version string
+	// DataContentType is a binary payload's content type (outbox.Bytes);
+	// "" for a JSON payload, whose datacontenttype is application/json.
+	DataContentType string
 }
 
 // Attribute is one context attribute, by its CloudEvents name and its
@@ -154,7 +157,11 @@ func (c Config) Attributes(e Event) []Attribute {
 	if !e.Time.IsZero() {
 		attrs = append(attrs, Attribute{AttrTime, e.Time.UTC().Format(time.RFC3339Nano)})
 	}
-	attrs = append(attrs, Attribute{AttrDataContentType, "application/json"})
+	ct := e.DataContentType
+	if ct == "" {
+		ct = "application/json"
+	}
+	attrs = append(attrs, Attribute{AttrDataContentType, ct})
 	if e.Version != "" {
 		attrs = append(attrs, Attribute{AttrDataSchema, c.dataSchema(e.Type, e.Version)})
 	}

@@ -114,10 +114,12 @@ type Delivery struct {
 	// it (the aggregate_id header on sinks without a record key); "" when
 	// it has none. A key that is not a UUID leaves Event.AggregateID nil.
 	Key string
-	// Payload is the message's body: the event's JSON.
+	// Payload is the message's body: the event's JSON, or its bytes in
+	// the format of the content-type header.
 	Payload []byte
-	// Headers are the message's headers: event_id, event_type and
-	// event_source among them. A transport whose messages can repeat a
+	// Headers are the message's headers: event_id, event_type,
+	// event_source and content-type among them (a transport that carries
+	// the content type as a property puts it here under content-type). A transport whose messages can repeat a
 	// header keeps the first value of a reserved one
 	// (outbox.IsReservedHeader), the relayer's.
 	Headers map[string]string

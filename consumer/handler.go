@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgoutbox/outbox"
 )
 
 // Event is one delivered event, whatever the transport.
@@ -24,7 +26,9 @@ type Event struct {
 	// AggregateID is the record key parsed as a UUID; uuid.Nil when the key
 	// is not one.
 	AggregateID uuid.UUID
-	// Payload is the JSON body.
+	// Payload is the body, as the producer wrote it: JSON, or the exact
+	// bytes of a binary payload (outbox.Bytes) in the format ContentType
+	// names.
 	Payload []byte
 	// Version is the version of the type's contract the payload follows:
 	// the event_version header (outbox.HeaderEventVersion), or 0 when the
@@ -35,6 +39,10 @@ type Event struct {
 	// (Upcasters.Want) has replaced Payload; nil otherwise. The
 	// event_version header still holds the version it was delivered in.
 	OriginalPayload []byte
+	// ContentType is the payload's content type (the content-type header,
+	// or the transport's content type property): application/json
+	// unless the producer emitted a binary payload of another type.
+	ContentType string
 	// Headers holds every header of the record, including event_id,
 	// event_type and event_source. A repeated header keeps its last value,
 	// except those the relayer sets (outbox.IsReservedHeader), which keep
@@ -116,10 +124,15 @@ func IsPermanent(err error) bool {
 
 // Typed adapts a handler that takes the decoded payload. The payload is
 // decoded with encoding/json into a new T; a payload that does not decode
-// fails permanently (it will not decode on a retry either). Unknown fields
-// are ignored, so producers can add fields before consumers know them.
+// fails permanently (it will not decode on a retry either), and so does a
+// payload whose content type is not JSON (a binary payload, e.g.
+// Protobuf: read ev.Payload in a plain Handler). Unknown fields are
+// ignored, so producers can add fields before consumers know them.
 func Typed[T any](fn func(ctx context.Context, tx pgx.Tx, ev Event, payload T) error) Handler {
 	return func(ctx context.Context, tx pgx.Tx, ev Event) error {
+		if ev.ContentType != "" && !outbox.IsJSONContentType(ev.ContentType) {
+			return Permanent(fmt.Errorf("%q payload is %q, not JSON, so Typed cannot decode it into %T; handle the type with a Handler that decodes ev.Payload in its format", ev.Type, ev.ContentType, *new(T)))
+		}
 		var v T
 		if err := json.Unmarshal(ev.Payload, &v); err != nil {
 			return Permanent(fmt.Errorf("decode %q payload into %T: %w", ev.Type, v, err))

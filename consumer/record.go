@@ -121,6 +121,13 @@ func decodeEvent(ev Event, key string) (Event, *MalformedError) {
 	if agg, err := uuid.Parse(key); err == nil {
 		ev.AggregateID = agg
 	}
+	ev.ContentType = ev.Headers[outbox.HeaderContentType]
+	if ev.ContentType == "" {
+		ev.ContentType = outbox.ContentTypeJSON
+	}
+	if !outbox.IsJSONContentType(ev.ContentType) {
+		return ev, nil // a binary payload: its bytes are the handler's to read
+	}
 	if !json.Valid(ev.Payload) {
 		return ev, &MalformedError{fmt.Sprintf("payload of %d bytes is not valid JSON", len(ev.Payload))}
 	}

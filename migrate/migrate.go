@@ -257,6 +257,14 @@ func (m *Migrator) Down(ctx context.Context, db outbox.DB, target int) ([]int, e
 			if cur <= target {
 				return nil
 			}
+			if cur == m.Latest() {
+				if st, err := m.binaryState(ctx, tx); err != nil || st != BinaryOff {
+					if err == nil {
+						err = fmt.Errorf("migrate: %s has binary payloads %s; turn them off first (`outbox migrate down --binary-payloads`, DisableBinaryPayloads)", m.tables.OutboxIdent(), st)
+					}
+					return err
+				}
+			}
 			mig := m.migrations[cur-1]
 			if _, err := tx.Exec(ctx, mig.down); err != nil {
 				return fmt.Errorf("migrate: reverting version %d (%s): %w", mig.Version, mig.Name, err)

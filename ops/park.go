@@ -146,7 +146,11 @@ func Park(ctx context.Context, db outbox.DB, cfg ParkConfig) (ParkResult, error)
 		return res, nil
 	}
 	var lastErr *string
-	if err := tx.QueryRow(ctx, render(parkSQL, t), cfg.ID, cfg.Reason).Scan(&ev.ParkedAt, &lastErr); err != nil {
+	park, err := binaryVariant(ctx, tx, t, parkSQL, parkBinarySQL)
+	if err != nil {
+		return res, err
+	}
+	if err := tx.QueryRow(ctx, park, cfg.ID, cfg.Reason).Scan(&ev.ParkedAt, &lastErr); err != nil {
 		return res, fmt.Errorf("ops: park event %d into %s: %w", cfg.ID, migrate.ParkedIdent(t), err)
 	}
 	if lastErr != nil {

@@ -40,7 +40,7 @@ type EventDetail struct {
 	// DispatchedAt is zero unless State is EventDispatched.
 	DispatchedAt time.Time
 	// PayloadBytes is the length of the payload as it is published: the
-	// text of its JSONB value.
+	// text of its JSONB value, or a binary payload's bytes.
 	PayloadBytes int
 	// RecordBytes is the most bytes the event's Kafka record batch takes
 	// when it travels alone (outbox.KafkaRouting.RecordSize, without an event_source
@@ -49,9 +49,14 @@ type EventDetail struct {
 	// be published).
 	RecordBytes int
 	// Payload is the payload's JSON text, whole or cut to PreviewBytes at a
-	// character boundary (then PayloadTruncated is set).
+	// character boundary (then PayloadTruncated is set); a binary
+	// payload's bytes in hex ("\\x0a00ff"), whole or their first
+	// PreviewBytes.
 	Payload          string
 	PayloadTruncated bool
+	// ContentType is a binary payload's content type (an outbox with
+	// binary payloads on); "" for a JSON payload.
+	ContentType string
 	// Headers is the row's headers column as JSON text; nil when NULL.
 	Headers json.RawMessage
 	// Failure is the last permanent failure a relayer recorded for the
@@ -145,9 +150,20 @@ func showEvent(ctx context.Context, db outbox.DB, t outbox.Tables, id int64, pre
 		blockedBy  *int64
 		f          EventFailure
 	)
-	err := db.QueryRow(ctx, render(showSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt, &dispatched,
+	binary, err := binaryTable(ctx, db, t)
+	if err != nil {
+		return d, err
+	}
+	show, showParked := render(showSQL, t), render(showParkedSQL, t)
+	var contentType *string
+	extra := []any{}
+	if binary {
+		show, showParked = render(showBinarySQL, t), render(showParkedBinarySQL, t)
+		extra = append(extra, &contentType)
+	}
+	err = db.QueryRow(ctx, show, id, chars).Scan(append([]any{&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt, &dispatched,
 		&d.PayloadBytes, &d.Payload, &headers,
-		&hasFailure, &reason, &errText, &attempts, &first, &failed, &heldUntil, &f.HoldActive, &blockedBy)
+		&hasFailure, &reason, &errText, &attempts, &first, &failed, &heldUntil, &f.HoldActive, &blockedBy}, extra...)...)
 	switch {
 	case err == nil:
 		d.State = EventPending
@@ -167,8 +183,8 @@ func showEvent(ctx context.Context, db outbox.DB, t outbox.Tables, id int64, pre
 	case errors.Is(err, pgx.ErrNoRows):
 		var p ParkInfo
 		var lastErr *string
-		err = db.QueryRow(ctx, render(showParkedSQL, t), id, chars).Scan(&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt,
-			&d.PayloadBytes, &d.Payload, &headers, &p.ParkedAt, &p.Reason, &lastErr)
+		err = db.QueryRow(ctx, showParked, id, chars).Scan(append([]any{&d.ID, &d.AggregateID, &d.Type, &d.CreatedAt,
+			&d.PayloadBytes, &d.Payload, &headers, &p.ParkedAt, &p.Reason, &lastErr}, extra...)...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return d, notFound(t, id)
 		}
@@ -182,18 +198,33 @@ func showEvent(ctx context.Context, db outbox.DB, t outbox.Tables, id int64, pre
 	default:
 		return d, fmt.Errorf("ops: read event %d from %s: %w", id, t.OutboxIdent(), err)
 	}
+	d.finish(headers, contentType, preview)
+	return d, nil
+}
+
+// finish sets what showEvent derives from the row it read: the headers,
+// the payload cut to preview (or its hex, for a binary payload, which the
+// query cut), and the record's size.
+func (d *EventDetail) finish(headers, contentType *string, preview int) {
 	if headers != nil {
 		d.Headers = json.RawMessage(*headers)
 	}
-	if preview >= 0 && len(d.Payload) > preview {
-		d.Payload = cutUTF8(d.Payload, preview)
+	sized := d.PayloadBytes
+	if contentType != nil {
+		// Hex of the bytes, already cut to preview bytes by the query.
+		d.ContentType = *contentType
+		d.PayloadTruncated = (len(d.Payload)-2)/2 < d.PayloadBytes
+		sized += outbox.ContentTypeSizeExtra(d.ContentType) // as relay.SizedPayloadLen
+	} else {
+		if preview >= 0 && len(d.Payload) > preview {
+			d.Payload = cutUTF8(d.Payload, preview)
+		}
+		d.PayloadTruncated = len(d.Payload) < d.PayloadBytes
 	}
-	d.PayloadTruncated = len(d.Payload) < d.PayloadBytes
 	var hm map[string]string
 	if d.Headers == nil || json.Unmarshal(d.Headers, &hm) == nil {
-		d.RecordBytes = outbox.KafkaRouting{}.RecordSize(d.ID, d.Type, d.PayloadBytes, hm, "")
+		d.RecordBytes = outbox.KafkaRouting{}.RecordSize(d.ID, d.Type, sized, hm, "")
 	}
-	return d, nil
 }
 
 // cutUTF8 cuts s to at most n bytes without splitting a character.
@@ -202,4 +233,26 @@ func cutUTF8(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// binaryTable reports whether t's outbox has binary payloads on (its
+// payload_bytes column exists).
+func binaryTable(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, t outbox.Tables) (bool, error) {
+	var on bool
+	if err := db.QueryRow(ctx, binaryColumnsSQL, t.OutboxIdent()).Scan(&on); err != nil {
+		return false, fmt.Errorf("ops: read the payload columns of %s: %w", t.OutboxIdent(), err)
+	}
+	return on, nil
+}
+
+// binaryVariant renders plain, or binary when t's outbox has binary
+// payloads on.
+func binaryVariant(ctx context.Context, tx pgx.Tx, t outbox.Tables, plain, binary string) (string, error) {
+	on, err := binaryTable(ctx, tx, t)
+	if err != nil || !on {
+		return render(plain, t), err
+	}
+	return render(binary, t), nil
 }

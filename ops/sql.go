@@ -1,6 +1,8 @@
 package ops
 
 import (
+	"strings"
+
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/sqltext"
 )
@@ -260,6 +262,56 @@ INSERT INTO {{parked}} (id, aggregate_id, type, payload, headers, created_at, re
 SELECT id, aggregate_id, type, payload, headers, created_at, $2, (SELECT error FROM failure) FROM moved
 RETURNING parked_at, last_error`
 
+// binaryColumnsSQL reads whether the outbox table $1 (its quoted name) has
+// binary payloads on (payload_bytes and content_type beside payload; see
+// migrate.Migrator.EnableBinaryPayloads): the verbs that move or show a
+// row whole then run the statements below that carry those columns too.
+const binaryColumnsSQL = `SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute
+  WHERE attrelid = to_regclass($1) AND attname = 'payload_bytes' AND NOT attisdropped)`
+
+// parkBinarySQL is parkSQL for an outbox with binary payloads on.
+const parkBinarySQL = `WITH moved AS (
+  DELETE FROM {{outbox}} WHERE id = $1 AND dispatched_at IS NULL
+  RETURNING id, aggregate_id, type, payload, payload_bytes, content_type, headers, created_at
+), failure AS (
+  DELETE FROM {{failures}} WHERE event_id = (SELECT id FROM moved)
+  RETURNING error
+)
+INSERT INTO {{parked}} (id, aggregate_id, type, payload, payload_bytes, content_type, headers, created_at, reason, last_error)
+SELECT id, aggregate_id, type, payload, payload_bytes, content_type, headers, created_at, $2, (SELECT error FROM failure) FROM moved
+RETURNING parked_at, last_error`
+
+// unparkBinarySQL is unparkSQL for an outbox with binary payloads on.
+const unparkBinarySQL = `WITH p AS (
+  DELETE FROM {{parked}} WHERE id = $1
+  RETURNING id, aggregate_id, type, payload, payload_bytes, content_type, headers, created_at
+), stale AS (
+  DELETE FROM {{failures}} WHERE event_id = (SELECT id FROM p)
+)
+INSERT INTO {{outbox}} (id, aggregate_id, type, payload, payload_bytes, content_type, headers, created_at, requeued_at)
+SELECT id, aggregate_id, type, payload, payload_bytes, content_type, headers, created_at, now() FROM p`
+
+// showBinarySQL and showParkedBinarySQL are showSQL and showParkedSQL for
+// an outbox with binary payloads on: a binary payload's length is its
+// bytes', its text their hex ("\x..."), cut to $2 bytes, and the content
+// type comes last. Derived from the two, so they cannot drift apart.
+var (
+	showBinarySQL       = binaryShow(showSQL, "o.")
+	showParkedBinarySQL = binaryShow(showParkedSQL, "")
+)
+
+// binaryShow rewrites a show statement's reads of payload, of the table
+// aliased by alias ("o." or "").
+func binaryShow(sql, alias string) string {
+	r := strings.NewReplacer(
+		"octet_length("+alias+"payload::text)", "coalesce(octet_length("+alias+"payload::text), octet_length("+alias+"payload_bytes))",
+		"CASE WHEN $2::int < 0 THEN "+alias+"payload::text", "CASE WHEN "+alias+"payload_bytes IS NOT NULL THEN '\\x' || encode(CASE WHEN $2::int < 0 THEN "+alias+"payload_bytes ELSE substr("+alias+"payload_bytes, 1, $2::int) END, 'hex') WHEN $2::int < 0 THEN "+alias+"payload::text",
+		"\nFROM {{outbox}} o LEFT JOIN", ", o.content_type\nFROM {{outbox}} o LEFT JOIN",
+		"\nFROM {{parked}} WHERE", ", content_type\nFROM {{parked}} WHERE",
+	)
+	return r.Replace(sql)
+}
+
 // parkedSQL reads (and in an applied run locks, so two unparks do not
 // race) one parked row by primary key.
 const parkedSQL = `SELECT aggregate_id, type, created_at, parked_at, reason, last_error FROM {{parked}} WHERE id = $1`
@@ -379,6 +431,8 @@ var _ = sqltext.Register("ops", map[string]string{
 	"lockPendingSQL": lockPendingSQL, "lockPendingForUpdateSQL": lockPendingForUpdateSQL,
 	"laterPendingSQL": laterPendingSQL, "lastErrorSQL": lastErrorSQL, "parkSQL": parkSQL,
 	"parkedSQL": parkedSQL, "parkedForUpdateSQL": parkedForUpdateSQL, "unparkSQL": unparkSQL,
+	"binaryColumnsSQL": binaryColumnsSQL, "parkBinarySQL": parkBinarySQL, "unparkBinarySQL": unparkBinarySQL,
+	"showBinarySQL": showBinarySQL, "showParkedBinarySQL": showParkedBinarySQL,
 	"replayCountSQL": replayCountSQL, "oldestIDSQL": oldestIDSQL, "replaySQL": replaySQL,
 	"walSlotSQL": walSlotSQL, "oldestRowSQL": oldestRowSQL,
 	"walHorizonSQL": walHorizonSQL, "walConfirmedSQL": walConfirmedSQL, "walCleanupSQL": walCleanupSQL,

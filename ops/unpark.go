@@ -114,7 +114,11 @@ func Unpark(ctx context.Context, db outbox.DB, cfg UnparkConfig) (UnparkResult, 
 	if !cfg.Apply {
 		return res, nil
 	}
-	if _, err := tx.Exec(ctx, render(unparkSQL, t), cfg.ID); err != nil {
+	unpark, err := binaryVariant(ctx, tx, t, unparkSQL, unparkBinarySQL)
+	if err != nil {
+		return res, err
+	}
+	if _, err := tx.Exec(ctx, unpark, cfg.ID); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation
 			return res, fmt.Errorf("ops: unpark: %s already has a row with id %d (inserted by hand?); "+

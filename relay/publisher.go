@@ -20,8 +20,13 @@ type Message struct {
 	// Topic is the sink's destination for the message, derived from Type
 	// by the relayer with the sink's Routing.
 	Topic string
-	// Payload is the row's JSON payload, published unchanged.
+	// Payload is the row's payload, published unchanged: its JSON text,
+	// or its exact bytes on an outbox with binary payloads on.
 	Payload []byte
+	// ContentType is the payload's content type when the row holds a
+	// binary payload (outbox.Bytes), "" for JSON. Sinks send
+	// ContentTypeOf(m) in their content-type header or property.
+	ContentType string
 	// Headers are the row's own headers.
 	Headers map[string]string
 	// CreatedAt is when the row became pending: its created_at, or when
@@ -35,8 +40,29 @@ type Message struct {
 func (m *Message) CloudEvent() cloudevents.Event {
 	return cloudevents.Event{
 		ID: m.ID, Type: m.Type, Subject: m.AggregateID.String(), Time: m.CreatedAt,
-		Version: m.Headers[outbox.HeaderEventVersion],
+		Version: m.Headers[outbox.HeaderEventVersion], DataContentType: m.ContentType,
 	}
+}
+
+// ContentTypeOf is the content type a sink sends with m: its
+// ContentType, or outbox.ContentTypeJSON for a JSON payload.
+func ContentTypeOf(m *Message) string {
+	if m.ContentType != "" {
+		return m.ContentType
+	}
+	return outbox.ContentTypeJSON
+}
+
+// SizedPayloadLen is the payload length to give a Routing's Size (or
+// KafkaRouting.RecordSize) for m, whose sizes count the content type as
+// application/json: the payload, plus outbox.ContentTypeSizeExtra of a
+// binary payload's content type. It is the measure Emit used, so the
+// relayer's check agrees with Emit's.
+func SizedPayloadLen(m *Message) int {
+	if m.ContentType == "" {
+		return len(m.Payload)
+	}
+	return len(m.Payload) + outbox.ContentTypeSizeExtra(m.ContentType)
 }
 
 // Sink delivers batches to a broker (or any destination: a queue, a

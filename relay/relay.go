@@ -183,6 +183,7 @@ type Relayer struct {
 	cfg       Config
 	log       *slog.Logger
 	claimSQL  string
+	binary    bool // claimSQL is claimBinarySQL
 	unmarkSQL string
 	holdSQL   string
 	obs       *Observer
@@ -286,6 +287,12 @@ func (r *Relayer) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	if err := r.detectBinary(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	batchCtx, stopBatchCtx := r.batchContext(ctx)
 	defer stopBatchCtx()
 
@@ -346,6 +353,27 @@ func (r *Relayer) checkSchema(ctx context.Context) error {
 	}
 	if err := m.Validate(ctx, r.cfg.Pool); err != nil {
 		return fmt.Errorf("relay: %w", err)
+	}
+	return nil
+}
+
+// detectBinary picks the claim for the table's payload columns: with
+// binary payloads on (or partly, while they are turned on or off: the
+// columns exist), the claim that reads payload_bytes too. A table turned
+// binary after this started gets rows without a JSON payload, which the
+// claim holds (undecodable) until a restart picks the other claim.
+func (r *Relayer) detectBinary(ctx context.Context) error {
+	m, err := migrate.New(r.cfg.Tables)
+	if err != nil {
+		return err
+	}
+	st, err := m.BinaryPayloads(ctx, r.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	if st != migrate.BinaryOff {
+		r.claimSQL = render(claimBinarySQL, r.cfg.Tables)
+		r.binary = true
 	}
 	return nil
 }
@@ -688,17 +716,33 @@ func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64)
 			typ     *string
 			created *time.Time
 			headers []byte
+			binary  []byte
+			ct      *string
 		)
-		if err := rows.Scan(&id, &m.AggregateID, &typ, &m.Payload, &headers, &created, &locked); err != nil {
+		dest := []any{&id, &m.AggregateID, &typ, &m.Payload, &headers, &created, &locked}
+		if r.binary {
+			dest = append(dest, &binary, &ct)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, 0, fmt.Errorf("claim: scan: %w", err)
 		}
 		if id == nil {
 			continue
 		}
 		m.ID, m.Type, m.CreatedAt = *id, *typ, *created
+		if ct != nil {
+			m.Payload, m.ContentType = binary, *ct
+			if m.Payload == nil {
+				m.Payload = []byte{}
+			}
+		}
 		// A row written by hand can hold any JSONB in headers: it fails on
 		// its own, never the claim.
-		if m.Headers, err = rowheaders.Decode(headers, PermanentReason); err != nil {
+		m.Headers, err = rowheaders.Decode(headers, PermanentReason)
+		if err == nil && m.Payload == nil {
+			err = PermanentReason(ReasonUndecodable, errors.New("the row has no JSON payload: binary payloads were turned on for the table after this relayer started; restart it"))
+		}
+		if err != nil {
 			if bad == nil {
 				bad = map[int64]error{}
 			}

@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"strings"
+
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/sqltext"
 )
@@ -124,6 +126,31 @@ const claimSQL = `WITH held AS MATERIALIZED (
 SELECT m.id, m.aggregate_id, m.type, m.payload, m.headers, m.created_at, c.locked
 FROM (SELECT count(*) AS locked FROM candidates) c LEFT JOIN marked m ON true`
 
+// claimBinarySQL is claimSQL for an outbox with binary payloads on
+// (migrate.Migrator.EnableBinaryPayloads): a row's payload is its JSONB
+// or its payload_bytes, sized as the relayer holds it (the raw bytes), and
+// the claim also returns payload_bytes and content_type. It is derived
+// from claimSQL by binaryClaim, so that the two cannot drift apart.
+var claimBinarySQL = binaryClaim(claimSQL)
+
+// binaryClaim rewrites claimSQL's reads of payload into reads of payload
+// or payload_bytes. Each fragment must be found (TestBinaryClaimRewrite).
+func binaryClaim(sql string) string {
+	for _, r := range binaryClaimRewrites {
+		sql = strings.ReplaceAll(sql, r[0], r[1])
+	}
+	return sql
+}
+
+var binaryClaimRewrites = [][2]string{
+	{"pg_column_size(payload)", "coalesce(pg_column_size(payload), pg_column_size(payload_bytes))"},
+	{"pg_column_compression(payload) IS NULL", "pg_column_compression(payload) IS NULL AND pg_column_compression(payload_bytes) IS NULL"},
+	{"octet_length(payload::text)", "coalesce(octet_length(payload::text), octet_length(payload_bytes))"},
+	{"octet_length(o.payload::text)", "coalesce(octet_length(o.payload::text), octet_length(o.payload_bytes))"},
+	{"RETURNING id, aggregate_id, type, payload, headers,", "RETURNING id, aggregate_id, type, payload, headers, payload_bytes, content_type,"},
+	{"m.created_at, c.locked", "m.created_at, c.locked, m.payload_bytes, m.content_type"},
+}
+
 // claimBegin opens the claim's transaction, in the same round trip as
 // BEGIN, with the claim planned for each run (a custom plan, so $3 is a
 // constant array, which Postgres probes through a hash table instead of
@@ -159,7 +186,7 @@ ON CONFLICT (event_id) DO UPDATE
 RETURNING event_id, attempts, held_until`
 
 var _ = sqltext.Register("relay", map[string]string{
-	"claimSQL": claimSQL, "claimBegin": claimBegin, "unmarkSQL": unmarkSQL, "holdSQL": holdSQL,
+	"claimSQL": claimSQL, "claimBinarySQL": claimBinarySQL, "claimBegin": claimBegin, "unmarkSQL": unmarkSQL, "holdSQL": holdSQL,
 })
 
 // render fills a statement's placeholders ({{outbox}}, {{failures}}) with

@@ -306,6 +306,9 @@ func delivery(queue string, d amqp.Delivery) consumer.Delivery {
 			h[k] = fmt.Sprint(v)
 		}
 	}
+	if d.ContentType != "" {
+		h[outbox.HeaderContentType] = d.ContentType // the relayer sends it as the property
+	}
 	return consumer.Delivery{Topic: queue, Key: h[outbox.HeaderAggregateID], Payload: d.Body, Headers: h}
 }
 

@@ -165,5 +165,8 @@ func delivery(h http.Header, body []byte) (consumer.Delivery, error) {
 	if ev.Source != "" {
 		d.Headers[outbox.HeaderEventSource] = ev.Source
 	}
+	if ct := h.Get("Content-Type"); ct != "" {
+		d.Headers[outbox.HeaderContentType] = ct
+	}
 	return d, nil
 }

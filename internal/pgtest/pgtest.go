@@ -56,6 +56,9 @@ type Options struct {
 	MaxConns int32
 	// NoMigrate leaves the schema empty.
 	NoMigrate bool
+	// BinaryPayloads turns binary payloads on for the outbox table after
+	// migrating it (migrate.Migrator.EnableBinaryPayloads).
+	BinaryPayloads bool
 	// ServerURL is the server to create the schema on, e.g. a throwaway
 	// cluster with other settings (tmppg). Defaults to URL().
 	ServerURL string
@@ -117,6 +120,10 @@ func New(t testing.TB, opts ...Options) *DB {
 		require.NoError(t, err)
 		_, err = m.Up(ctx, pool)
 		require.NoError(t, err)
+		if o.BinaryPayloads {
+			_, err = m.EnableBinaryPayloads(ctx, pool)
+			require.NoError(t, err)
+		}
 	}
 	return &DB{Pool: pool, Tables: tables, URL: url}
 }

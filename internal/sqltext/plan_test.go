@@ -48,7 +48,7 @@ func TestEveryStatementRenders(t *testing.T) {
 // scan would make them cost the table's size, which grows with retention,
 // instead of the backlog's or the batch's.
 var noOutboxSeqScan = map[string]bool{
-	"relay.claimSQL": true, "relay.unmarkSQL": true,
+	"relay.claimSQL": true, "relay.claimBinarySQL": true, "relay.unmarkSQL": true, "migrate.binaryRowsSQL": true,
 	"ops.lagSQL": true, "ops.heldSQL": true, "ops.stuckSQL": true, "ops.rateSQL": true,
 	"ops.idProbeSQL": true, "ops.idRangeSQL": true,
 	"ops.outboxCleanupSQL": true, "ops.pruneFailuresSQL": true,
@@ -64,6 +64,8 @@ var noOutboxSeqScan = map[string]bool{
 var insertOnly = map[string]bool{
 	"outbox.insertOneSQL": true, "outbox.insertOneLockSQL": true, "outbox.insertOneNotifySQL": true, "outbox.insertOneLockNotifySQL": true,
 	"outbox.insertBatchSQL": true, "outbox.insertBatchNotifySQL": true,
+	"outbox.insertBinaryOneSQL": true, "outbox.insertBinaryOneLockSQL": true, "outbox.insertBinaryOneNotifySQL": true, "outbox.insertBinaryOneLockNotifySQL": true,
+	"outbox.insertBinaryBatchSQL": true, "outbox.insertBinaryBatchNotifySQL": true,
 	"consumer.insertOneSQL": true, "consumer.insertManySQL": true, "relay.holdSQL": true,
 }
 
@@ -97,7 +99,9 @@ func TestStatementPlans(t *testing.T) {
 	tables := planTables(db.Tables.Schema).WithDefaults()
 	m, err := migrate.New(tables)
 	require.NoError(t, err)
-	_, err = m.Up(ctx, db.Pool)
+	// With binary payloads on, so that the statements that read
+	// payload_bytes plan too; the others do not read the columns.
+	_, err = m.EnableBinaryPayloads(ctx, db.Pool)
 	require.NoError(t, err)
 	ids := sqltext.For(tables.Schema, tables.Outbox, tables.Processed)
 
@@ -164,7 +168,7 @@ func explainGeneric(ctx context.Context, t *testing.T, conn *pgx.Conn, name, sql
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // always rolled back
 	settings := "SET LOCAL plan_cache_mode = force_generic_plan"
-	if name == "relay.claimSQL" {
+	if name == "relay.claimSQL" || name == "relay.claimBinarySQL" {
 		settings += "; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 	}
 	_, err = tx.Exec(ctx, settings)

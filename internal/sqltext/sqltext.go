@@ -56,6 +56,16 @@ type Idents struct {
 	// MessagePrefix is the prefix of the outbox's logical messages
 	// (outbox.Tables.MessagePrefix), a string literal.
 	MessagePrefix string // {{message_prefix}}
+	// Binary payloads (migrate.Migrator.EnableBinaryPayloads): the SQL
+	// emit function for exact bytes, and the CHECK constraints that keep
+	// exactly one of payload and payload_bytes set, on the outbox and on
+	// its parked table.
+	EmitBytesFn        string // {{emit_bytes_fn}}: <schema>.<outbox>_emit_bytes
+	PayloadCheck       string // {{payload_check}}: <outbox>_payload_kind
+	ParkedPayloadCheck string // {{parked_payload_check}}: <outbox>_parked_payload_kind
+	// PayloadJSONOnly is the CHECK that turning binary payloads off adds
+	// for a moment, to refuse new binary rows and prove none is left.
+	PayloadJSONOnly string // {{payload_json_only}}: <outbox>_payload_json_only
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -83,6 +93,11 @@ func For(schema, outbox, processed string) Idents {
 		IDDrawnFn:      q(outbox + "_id_drawn"),
 		EmitMessageFn:  q(outbox + "_emit_message"),
 		MessagePrefix:  "'" + strings.ReplaceAll("outbox:"+schema+"."+outbox, "'", "''") + "'",
+
+		EmitBytesFn:        q(outbox + "_emit_bytes"),
+		PayloadCheck:       pgident.Quote(trim(outbox + "_payload_kind")),
+		ParkedPayloadCheck: pgident.Quote(trim(outbox + "_parked_payload_kind")),
+		PayloadJSONOnly:    pgident.Quote(trim(outbox + "_payload_json_only")),
 	}
 }
 
@@ -131,6 +146,14 @@ func (ids Idents) lookup(name string) string {
 		return ids.EmitMessageFn
 	case "message_prefix":
 		return ids.MessagePrefix
+	case "emit_bytes_fn":
+		return ids.EmitBytesFn
+	case "payload_check":
+		return ids.PayloadCheck
+	case "parked_payload_check":
+		return ids.ParkedPayloadCheck
+	case "payload_json_only":
+		return ids.PayloadJSONOnly
 	}
 	return ""
 }
@@ -154,7 +177,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)

@@ -243,7 +243,7 @@ func publishing(m *relay.Message, source string, ce []cloudevents.Attribute) amq
 	}
 	return amqp.Publishing{
 		Headers:      h,
-		ContentType:  outbox.ContentTypeJSON,
+		ContentType:  relay.ContentTypeOf(m),
 		DeliveryMode: amqp.Persistent,
 		MessageId:    id,
 		Type:         m.Type,
@@ -300,7 +300,7 @@ func (p *Publisher) ceHeaders(m *relay.Message) []cloudevents.Attribute {
 // upper bound: frame header and end (8), class, weight, body size and
 // flags (14), the short strings and the headers table.
 func propertiesSize(m *relay.Message, source string) int {
-	n := 8 + 14 + 1 + len(outbox.ContentTypeJSON) + 1 + 1 + 20 + 1 + len(m.Type) + 4
+	n := 8 + 14 + 1 + len(relay.ContentTypeOf(m)) + 1 + 1 + 20 + 1 + len(m.Type) + 4
 	field := func(k string, v int) int { return 1 + len(k) + 1 + 4 + v }
 	n += field(outbox.HeaderEventID, 20) + field(outbox.HeaderEventType, len(m.Type)) + field(outbox.HeaderAggregateID, 36)
 	if source != "" {

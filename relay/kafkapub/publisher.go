@@ -149,7 +149,7 @@ func record(m relay.Message, source string, ce []cloudevents.Attribute) *kgo.Rec
 	hdrs = append(hdrs,
 		kgo.RecordHeader{Key: outbox.HeaderEventID, Value: strconv.AppendInt(nil, m.ID, 10)},
 		kgo.RecordHeader{Key: outbox.HeaderEventType, Value: []byte(m.Type)},
-		kgo.RecordHeader{Key: outbox.HeaderContentType, Value: []byte(outbox.ContentTypeJSON)},
+		kgo.RecordHeader{Key: outbox.HeaderContentType, Value: []byte(relay.ContentTypeOf(&m))},
 	)
 	if source != "" {
 		hdrs = append(hdrs, kgo.RecordHeader{Key: outbox.HeaderEventSource, Value: []byte(source)})
@@ -227,7 +227,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		if p.ce != nil {
 			hdrs = cloudevents.Kafka.With(p.ce.Attributes(m.CloudEvent()), m.Headers)
 		}
-		if size := (outbox.KafkaRouting{}).RecordSize(m.ID, m.Type, len(m.Payload), hdrs, p.source); size > lim.bytes {
+		if size := (outbox.KafkaRouting{}).RecordSize(m.ID, m.Type, relay.SizedPayloadLen(m), hdrs, p.source); size > lim.bytes {
 			errs[i] = relay.PermanentReason(relay.ReasonTooLarge, fmt.Errorf(
 				"%w: the record is %d bytes (payload %d); topic %q accepts at most %d (%s). Raise the topic's max.message.bytes and retry the row ('outbox events retry'), or park it",
 				kerr.MessageTooLarge, size, len(m.Payload), m.Topic, lim.bytes, lim.from))

@@ -192,7 +192,7 @@ func (p *Publisher) message(m *relay.Message) *nats.Msg {
 	h[routing.HeaderNATSMsgID] = []string{routing.NATSMsgID(p.cfg.Source, m.ID)}
 	h[outbox.HeaderEventID] = []string{id}
 	h[outbox.HeaderEventType] = []string{m.Type}
-	h[outbox.HeaderContentType] = []string{outbox.ContentTypeJSON}
+	h[outbox.HeaderContentType] = []string{relay.ContentTypeOf(m)}
 	h[outbox.HeaderAggregateID] = []string{m.AggregateID.String()}
 	if p.cfg.Source != "" {
 		h[outbox.HeaderEventSource] = []string{p.cfg.Source}

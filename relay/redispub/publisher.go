@@ -343,7 +343,7 @@ func entryFields(m *relay.Message, source string) []any {
 		outbox.HeaderEventID, strconv.FormatInt(m.ID, 10),
 		outbox.HeaderEventType, m.Type,
 		outbox.HeaderAggregateID, m.AggregateID.String(),
-		outbox.HeaderContentType, outbox.ContentTypeJSON)
+		outbox.HeaderContentType, relay.ContentTypeOf(m))
 	if source != "" {
 		f = append(f, outbox.HeaderEventSource, source)
 	}

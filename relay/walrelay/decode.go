@@ -1,6 +1,8 @@
 package walrelay
 
 import (
+	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -124,6 +126,16 @@ func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing) 
 	}
 	it.msg.Type = string(r.col(tup, "type"))
 	it.msg.Payload = r.col(tup, "payload")
+	if ct := r.col(tup, "content_type"); ct != nil {
+		// A binary payload (an outbox with binary payloads on): bytea
+		// in hex, which the replication connection asks for.
+		it.msg.ContentType = string(ct)
+		if it.msg.Payload, err = decodeBytea(r.col(tup, "payload_bytes")); err != nil {
+			it.err = relay.PermanentReason(relay.ReasonUndecodable, err)
+		}
+	} else if it.msg.Payload == nil {
+		it.err = relay.PermanentReason(relay.ReasonUndecodable, errors.New("the row has no payload"))
+	}
 	it.rawHeaders = r.col(tup, "headers")
 	created := r.col(tup, "requeued_at")
 	if created == nil {
@@ -134,6 +146,18 @@ func (r *relation) insertItem(tup *pglogrepl.TupleData, routing outbox.Routing) 
 	}
 	it.finish(routing)
 	return it, nil
+}
+
+// decodeBytea decodes a bytea column's text in hex ("\x" and the digits).
+func decodeBytea(text []byte) ([]byte, error) {
+	if !bytes.HasPrefix(text, []byte(`\x`)) {
+		return nil, fmt.Errorf("payload_bytes is not bytea in hex (bytea_output=hex): %q", clip.Text(string(text), 40))
+	}
+	out := make([]byte, hex.DecodedLen(len(text)-2))
+	if _, err := hex.Decode(out, text[2:]); err != nil {
+		return nil, fmt.Errorf("payload_bytes: %w", err)
+	}
+	return out, nil
 }
 
 // wireEvent is the JSON content of an event's logical message.

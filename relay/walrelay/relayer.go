@@ -30,6 +30,7 @@ type Relayer struct {
 	log        *slog.Logger
 	parkSQL    string
 	parkRawSQL string
+	parkBinSQL string
 	prefix     string
 	obs        *relay.Observer
 	routing    outbox.Routing // the Sink's, for TopicPrefix
@@ -81,6 +82,7 @@ func New(cfg Config) (*Relayer, error) {
 		log:              cfg.Logger.With("outbox", cfg.Tables.OutboxIdent(), "slot", cfg.Slot),
 		parkSQL:          render(parkSQL, cfg.Tables),
 		parkRawSQL:       render(parkRawSQL, cfg.Tables),
+		parkBinSQL:       render(parkBinarySQL, cfg.Tables),
 		prefix:           MessagePrefix(cfg.Tables),
 		keepaliveAdvance: true,
 	}, nil

@@ -226,10 +226,20 @@ func (r *Relayer) park(ctx context.Context, items []item) error {
 		// JSON payload and headers are kept as they are; anything else as
 		// JSON strings (parkRawSQL), so that the parked row is whole.
 		sql := r.parkSQL
-		if !json.Valid(it.msg.Payload) || (headers != nil && !json.Valid(it.rawHeaders)) {
+		args := []any{it.msg.ID, it.msg.AggregateID, it.msg.Type, string(it.msg.Payload), headers, created, why, msg}
+		switch {
+		case it.msg.ContentType != "":
+			// A binary payload: kept as bytes, with its content type.
+			sql, args[3] = r.parkBinSQL, it.msg.Payload
+			if headers != nil && !json.Valid(it.rawHeaders) {
+				h, _ := json.Marshal(*headers)
+				args[4] = string(h)
+			}
+			args = append(args, it.msg.ContentType)
+		case !json.Valid(it.msg.Payload) || (headers != nil && !json.Valid(it.rawHeaders)):
 			sql = r.parkRawSQL
 		}
-		if _, err := tx.Exec(ctx, sql, it.msg.ID, it.msg.AggregateID, it.msg.Type, string(it.msg.Payload), headers, created, why, msg); err != nil {
+		if _, err := tx.Exec(ctx, sql, args...); err != nil {
 			return fmt.Errorf("park event %d: %w", it.msg.ID, err)
 		}
 	}

@@ -31,6 +31,18 @@ INSERT INTO {{parked}} (id, aggregate_id, type, payload, headers, created_at, re
 VALUES ($1, $2, $3, to_jsonb($4::text), to_jsonb($5::text), $6, $7, $8)
 ON CONFLICT (id) DO NOTHING`
 
+// parkBinarySQL is parkSQL for an event with a binary payload (an outbox
+// with binary payloads on): the bytes and their content type go to the
+// parked table's payload_bytes and content_type, so that unparking puts
+// the row back whole. Parameters: parkSQL's, $4 the bytes, and $9 the
+// content type.
+const parkBinarySQL = `WITH gone AS (
+  DELETE FROM {{outbox}} WHERE id = $1
+)
+INSERT INTO {{parked}} (id, aggregate_id, type, payload_bytes, content_type, headers, created_at, reason, last_error)
+VALUES ($1, $2, $3, $4::bytea, $9::text, $5::jsonb, $6, $7, $8)
+ON CONFLICT (id) DO NOTHING`
+
 // heartbeatSQL writes the heartbeat: non-transactional, so it is decoded
 // at once, on its own, whatever else is open.
 const heartbeatSQL = `SELECT pg_logical_emit_message(false, '` + HeartbeatPrefix + `', '')`
@@ -69,7 +81,7 @@ const publicationMarkerSQL = `SELECT (SELECT obj_description(oid, 'pg_publicatio
 const streamHolderSQL = `SELECT coalesce((SELECT application_name FROM pg_stat_activity WHERE pid = $1), '')`
 
 var _ = sqltext.Register("walrelay", map[string]string{
-	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
+	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "parkBinarySQL": parkBinarySQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
 	"emitMessageACLSQL": emitMessageACLSQL, "publicationTablesSQL": publicationTablesSQL, "publicationFilterSQL": publicationFilterSQL, "slotHomeSQL": slotHomeSQL, "legacySQL": legacySQL, "emitMessageFuncsSQL": emitMessageFuncsSQL,
 })
 

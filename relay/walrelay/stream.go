@@ -183,6 +183,7 @@ func (st *streamer) connect() error {
 	pc.RuntimeParams["application_name"] = r.appName("stream")
 	pc.RuntimeParams["TimeZone"] = "UTC"
 	pc.RuntimeParams["DateStyle"] = "ISO"
+	pc.RuntimeParams["bytea_output"] = "hex" // binary payloads (decode.go)
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	connected.Store(true)
 	if err != nil {

@@ -111,7 +111,7 @@ func (p *Publisher) check(m *relay.Message, endpoint string) error {
 			return relay.PermanentReason(relay.ReasonReservedHeader, fmt.Errorf("webhook: the event's header %q cannot travel as an HTTP header: %s; rename it in the producer", k, why))
 		}
 	}
-	size := webhookwire.Size(m.Type, m.Topic, p.cfg.Source, len(strconv.FormatInt(m.ID, 10)), len(m.Payload), m.Headers, len(p.cfg.Secrets))
+	size := webhookwire.Size(m.Type, m.Topic, p.cfg.Source, len(strconv.FormatInt(m.ID, 10)), relay.SizedPayloadLen(m), m.Headers, len(p.cfg.Secrets))
 	if p.cfg.CloudEvents != nil {
 		size += routing.CloudEventsHTTPSize(p.cfg.CloudEvents.Attributes(m.CloudEvent()))
 	}
@@ -275,7 +275,7 @@ func (p *Publisher) request(ctx context.Context, m *relay.Message, endpoint stri
 	if p.cfg.Source != "" {
 		h[webhookwire.HeaderEventSource] = []string{webhookwire.EncodeValue(p.cfg.Source)}
 	}
-	h["content-type"] = []string{outbox.ContentTypeJSON}
+	h["content-type"] = []string{relay.ContentTypeOf(m)}
 	if p.cfg.CloudEvents != nil {
 		for _, a := range cloudevents.HTTP.Headers(p.cfg.CloudEvents.Attributes(m.CloudEvent())) {
 			h[a.Name] = []string{a.Value}
