@@ -44,6 +44,9 @@ type consumeOptions struct {
 	// sinkURL is --sink: a transport other than Kafka on --brokers
 	// (consume_sink.go).
 	sinkURL string
+	// contracts is --contracts: each event is checked against its
+	// contract before it is recorded, and dead-lettered when it breaks it.
+	contracts contractsFlag
 }
 
 func newConsumeCmd(g *globals) *cobra.Command {
@@ -118,6 +121,7 @@ group and exit 0.`,
 	f.BoolVar(&o.asJSON, "json", false, "print each event as one JSON line instead of a line of text")
 	f.BoolVar(&o.quiet, "quiet", false, "print nothing (load tests); events are still recorded as processed")
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics (with the group's lag per partition), /healthz and /readyz (database and broker) on host:port (a bare :port binds 127.0.0.1); off when empty")
+	o.contracts.register(f, "each event is checked against its type's contract (the version in its event_version header, else the latest) and dead-lettered with the JSON pointer and the rule when it breaks it")
 	f.StringVar(&o.output, "output", "", "json: as --json; none: as --quiet")
 	_ = f.MarkDeprecated("output", "use --json or --quiet") // warned on stderr: NewRoot's warnOnStderr
 	return cmd
@@ -219,6 +223,13 @@ func (o *consumeOptions) prepareOutput(out io.Writer) (*eventPrinter, error) {
 		if o.httpAddr, err = loopbackDefault(o.httpAddr); err != nil {
 			return nil, err
 		}
+	}
+	set, err := o.contracts.load()
+	if err != nil {
+		return nil, err
+	}
+	if set != nil {
+		o.cfg.Middleware = append(o.cfg.Middleware, consumer.CheckContracts(set))
 	}
 	return &eventPrinter{w: out, format: format}, nil
 }

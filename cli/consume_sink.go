@@ -138,7 +138,7 @@ func runSinkConsume(ctx context.Context, g *globals, out io.Writer, o *consumeOp
 	}
 	defer pool.Close()
 	env := consumeEnv{log: log, topics: topics, group: group, concurrency: o.cfg.Concurrency,
-		disp: consumer.DispatcherConfig{Name: name, Pool: pool, Tables: t, DefaultHandler: p.handle, Logger: log}}
+		disp: consumer.DispatcherConfig{Name: name, Pool: pool, Tables: t, DefaultHandler: p.handle, Middleware: o.cfg.Middleware, Logger: log}}
 	c, err := open(ctx, u, env)
 	if err != nil {
 		return err

@@ -394,6 +394,7 @@ func TestConsumeRejectsBadFlags(t *testing.T) {
 		{db, []string{"--brokers", broker.Addr(), "--topics", "order,bad topic"}, `--topics holds topic "bad topic" with the character ' '`},
 		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--batch-size", "-1"}, "--batch-size (-1) and --concurrency (0): use a positive number"},
 		{db, []string{"--brokers", "", "--topics", "order"}, "no Kafka brokers: pass --brokers"},
+		{db, []string{"--brokers", broker.Addr(), "--topics", "order", "--contracts", "/nonexistent/contracts"}, "--contracts names the directory of the event contracts"},
 		{bare, []string{"--brokers", broker.Addr(), "--topics", "order"}, "run `outbox migrate up`"},
 	} {
 		code, stdout, stderr := runCLI(t, tc.db, append([]string{"consume"}, tc.args...)...)
