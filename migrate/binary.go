@@ -129,7 +129,7 @@ func (m *Migrator) EnableBinaryPayloads(ctx context.Context, db outbox.DB) ([]in
 	}
 	steps := []binaryStep{
 		{"add payload_bytes and content_type", func(st BinaryState, jsonOnly bool) bool { return st == BinaryOff },
-			[]string{binaryAddSQL, binaryAddParkedSQL, string(fn)}},
+			[]string{binaryAddSQL, binaryAddParkedSQL, string(fn), binaryMarkSQL}},
 		{"validate the payload check", func(st BinaryState, jsonOnly bool) bool { return st == BinaryPartial && !jsonOnly },
 			[]string{binaryValidateSQL}},
 	}
@@ -156,7 +156,7 @@ func (m *Migrator) DisableBinaryPayloads(ctx context.Context, db outbox.DB) erro
 		{"delete published binary rows", func(st BinaryState, jsonOnly bool) bool { return jsonOnly },
 			[]string{binaryDeleteDispatchedSQL, binaryValidateJSONOnlySQL}},
 		{"drop payload_bytes and content_type", func(st BinaryState, jsonOnly bool) bool { return jsonOnly },
-			[]string{binaryDropSQL, binaryDropParkedSQL, binaryDropFnSQL}},
+			[]string{binaryDropSQL, binaryDropParkedSQL, binaryDropFnSQL, binaryUnmarkSQL}},
 	}
 	return m.runBinarySteps(ctx, db, steps)
 }

@@ -60,6 +60,17 @@ func TestBinaryPayloadsOnAndOffOnATableWithRows(t *testing.T) {
 	require.Equal(t, before, relfilenode(t, db, db.Tables.OutboxIdent()), "turning binary payloads on rewrote the table")
 	_, err = m.EnableBinaryPayloads(ctx, db.Pool)
 	require.NoError(t, err, "a second run is a no-op")
+	// A binary from before the setting reads the highest version of the
+	// migrations table and refuses a schema newer than it knows: it must
+	// see one, or it would publish binary rows as empty messages. This
+	// binary still sees its own version.
+	var maxVersion int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT max(version) FROM events_outbox_migrations`).Scan(&maxVersion))
+	require.Equal(t, 1000000, maxVersion, "binary payloads on: binaries that predate them must find a newer schema")
+	require.NoError(t, m.Validate(ctx, db.Pool))
+	mst, err := m.Status(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, m.Latest(), mst.Current)
 
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM events_outbox WHERE payload = '{"a": [1, 2], "n": 1}' AND payload_bytes IS NULL AND content_type IS NULL`).Scan(&n))
@@ -111,6 +122,8 @@ func TestBinaryPayloadsOnAndOffOnATableWithRows(t *testing.T) {
 	_, err = db.Pool.Exec(ctx, `INSERT INTO events_outbox (aggregate_id, type) VALUES ($1, 'order.placed')`, agg)
 	require.Equal(t, "23502", pgCode(err), "payload is NOT NULL again: %v", err)
 	require.NoError(t, m.Validate(ctx, db.Pool))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT max(version) FROM events_outbox_migrations`).Scan(&maxVersion))
+	require.Equal(t, m.Latest(), maxVersion, "binary payloads off: every binary of this schema version may run again")
 
 	// And on again, then down to 0 once off.
 	_, err = m.EnableBinaryPayloads(ctx, db.Pool)

@@ -27,15 +27,28 @@ const createVersionTableSQL = `CREATE TABLE IF NOT EXISTS {{migrations}} (
   applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
 )`
 
-// currentSQL is the highest applied version, 0 for none.
-const currentSQL = `SELECT coalesce(max(version), 0) FROM {{migrations}}`
+// currentSQL is the highest applied version, 0 for none. Rows from
+// 1000000 up are settings, not migrations.
+const currentSQL = `SELECT coalesce(max(version), 0) FROM {{migrations}} WHERE version < 1000000`
 
 // existsSQL tells whether the bookkeeping table exists (a database never
 // migrated has none); $1 is its quoted name.
 const existsSQL = `SELECT to_regclass($1) IS NOT NULL`
 
 // appliedSQL lists the applied versions in order.
-const appliedSQL = `SELECT version, applied_at FROM {{migrations}} ORDER BY version`
+const appliedSQL = `SELECT version, applied_at FROM {{migrations}} WHERE version < 1000000 ORDER BY version`
+
+// Version 1000000 is the row the migrations table holds while binary
+// payloads are on: a version no migration reaches. A binary from before
+// the setting refuses a schema newer than it knows, so it refuses the
+// table (and tells the operator to upgrade) instead of publishing a
+// binary row's missing JSON payload as an empty message. currentSQL and
+// appliedSQL skip it. binaryMarkSQL and binaryUnmarkSQL write and remove
+// it, in the transactions that add and drop the columns.
+const (
+	binaryMarkSQL   = `INSERT INTO {{migrations}} (version) VALUES (1000000) ON CONFLICT DO NOTHING`
+	binaryUnmarkSQL = `DELETE FROM {{migrations}} WHERE version = 1000000`
+)
 
 // recordSQL and unrecordSQL record and unrecord one applied version. The
 // version is a literal, not a parameter, so that the statements also stand
