@@ -121,7 +121,7 @@ group and exit 0.`,
 	f.BoolVar(&o.asJSON, "json", false, "print each event as one JSON line instead of a line of text")
 	f.BoolVar(&o.quiet, "quiet", false, "print nothing (load tests); events are still recorded as processed")
 	f.StringVar(&o.httpAddr, "http", "", "serve /metrics (with the group's lag per partition), /healthz and /readyz (database and broker) on host:port (a bare :port binds 127.0.0.1); off when empty")
-	o.contracts.register(f, "each event is checked against its type's contract (the version in its event_version header, else the latest) and dead-lettered with the JSON pointer and the rule when it breaks it")
+	o.contracts.register(f, "each event is checked against its type's contract (the version in its event_version header, else the latest) and dead-lettered, with the pointer and the rule it breaks, when it breaks it")
 	f.StringVar(&o.output, "output", "", "json: as --json; none: as --quiet")
 	_ = f.MarkDeprecated("output", "use --json or --quiet") // warned on stderr: NewRoot's warnOnStderr
 	return cmd

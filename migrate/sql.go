@@ -169,4 +169,5 @@ var _ = sqltext.Register("migrate", map[string]string{
 	"binaryRowsSQL": binaryRowsSQL, "binaryJSONOnlySQL": binaryJSONOnlySQL, "binaryDeleteDispatchedSQL": binaryDeleteDispatchedSQL,
 	"binaryValidateJSONOnlySQL": binaryValidateJSONOnlySQL, "binaryDropSQL": binaryDropSQL,
 	"binaryDropParkedSQL": binaryDropParkedSQL, "binaryDropFnSQL": binaryDropFnSQL,
+	"binaryMarkSQL": binaryMarkSQL, "binaryUnmarkSQL": binaryUnmarkSQL,
 })
