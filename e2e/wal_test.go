@@ -351,6 +351,11 @@ func TestWALRelayerSurvivesTenSIGKILLs(t *testing.T) {
 	}
 	l := <-done
 	w.walDrained(t, l.last, p)
+	// The killed relayer may have confirmed the last event already: wait
+	// until the new one holds the slot, so that SIGTERM reaches a process
+	// that handles it rather than one still starting.
+	require.Eventually(t, func() bool { return readSlot(t, w.db.Pool, w.slot).active }, 30*time.Second, 10*time.Millisecond,
+		"the last relayer never took the slot; output:\n%s", p.out.String())
 	p.signal(t, syscall.SIGTERM)
 	require.Equal(t, 0, p.wait(t, 30*time.Second), "SIGTERM exits 0; output:\n%s", p.out.String())
 
