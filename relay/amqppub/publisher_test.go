@@ -152,7 +152,7 @@ func TestPrivateNode(t *testing.T) {
 	// recovered its bindings, and return a message as unroutable for a
 	// moment: the relayer holds such a row and retries it after the hold.
 	require.Eventually(t, func() bool { return pub.Publish(ctx, []relay.Message{msg(7, a, []byte(`{}`))})[0] == nil },
-		30*time.Second, 100*time.Millisecond, "publishes once the node is back")
+		90*time.Second, 100*time.Millisecond, "publishes once the node is back") // an Erlang node restarts slowly on a loaded machine
 
 	// A memory alarm blocks publishers: the server stops reading and
 	// confirming. Publish gives up within ConfirmTimeout, for a retry,
