@@ -70,6 +70,7 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 	f.IntVar(&o.cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains, its consumer processes and its WAL relay streams (default 1000000; 20000 with --short)")
 	f.BoolVar(&o.cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
 	f.StringVar(&o.cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
+	f.StringVar(&o.cfg.RelayProfileDir, "relay-cpuprofile-dir", "", "steady scenario: each relay process writes a CPU profile into this directory (`outbox relay --cpuprofile`)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
 	return cmd
 }

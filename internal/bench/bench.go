@@ -70,6 +70,10 @@ type Config struct {
 	// of their own. Defaults to nil: the memory scenario is skipped with a
 	// note.
 	OutboxCommand func(ctx context.Context, args ...string) *exec.Cmd
+	// RelayProfileDir, when set, makes the steady scenario's relay
+	// processes write CPU profiles there (`outbox relay --cpuprofile`),
+	// one file per run, named after the source. Defaults to "" (none).
+	RelayProfileDir string
 	// Progress receives one line per step, so a long run shows where it
 	// is. Defaults to io.Discard.
 	Progress io.Writer
@@ -158,6 +162,7 @@ func Scenarios() []Scenario {
 		{"nats", "drain to NATS JetStream vs nats.go publishing the same messages, and commit-to-ack latency at 1,000 events/s (server: OUTBOX_BENCH_NATS_URL, default nats://127.0.0.1:4222)", false, runNATS},
 		{"webhook", "drain to a loopback webhook endpoint vs net/http alone, and commit-to-2xx latency at 1,000 events/s", false, runWebhook},
 		{"amqp", "RabbitMQ: drain through amqppub vs amqp091-go alone with the same durability, and commit-to-confirm latency at 1,000 events/s", false, runAMQP},
+		{"steady", "CPU per event of `outbox relay` (polling and --mode wal) and of pg_recvlogical, each its own process, under one-event transactions at 1,000 and 10,000/s; commit-to-ack p50/p99; the server's cost (backend CPU, pg_stat_statements) on a throwaway wal_level=logical cluster", false, runSteady},
 		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them, and of an `outbox relay --mode wal` process streaming 1M events (with its slot lag)", true, runMemory},
 	}
 }
