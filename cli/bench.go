@@ -23,6 +23,7 @@ type benchOptions struct {
 	asJSON     bool
 	markdown   bool
 	scaleRows  string
+	steadyRate string
 	cpuProfile string
 }
 
@@ -70,6 +71,8 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 	f.IntVar(&o.cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains, its consumer processes and its WAL relay streams (default 1000000; 20000 with --short)")
 	f.BoolVar(&o.cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
 	f.StringVar(&o.cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
+	f.StringVar(&o.steadyRate, "steady-rates", "", "steady scenario: emit rates in events/s, separated by commas (default 1000,10000)")
+	f.StringSliceVar(&o.cfg.SteadySources, "steady-sources", nil, "steady scenario: readers to measure, of recvlogical, poll and wal (default all three)")
 	f.StringVar(&o.cfg.RelayProfileDir, "relay-cpuprofile-dir", "", "steady scenario: each relay process writes a CPU profile into this directory (`outbox relay --cpuprofile`)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
 	return cmd
@@ -112,6 +115,15 @@ func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) err
 			return err
 		}
 		o.cfg.ScaleRows = rows
+	}
+	if o.steadyRate != "" {
+		rates, err := parseCounts(o.steadyRate)
+		if err != nil {
+			return fmt.Errorf("--steady-rates %q: give rates in events/s separated by commas, e.g. 1000,10000", o.steadyRate)
+		}
+		for _, r := range rates {
+			o.cfg.SteadyRates = append(o.cfg.SteadyRates, int(r))
+		}
 	}
 	exe, err := os.Executable()
 	if err != nil {

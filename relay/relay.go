@@ -24,6 +24,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -427,7 +429,7 @@ func (r *Relayer) pause(ctx context.Context, a action, wait time.Duration) bool 
 
 // claimed is a batch claimed and marked in its still open transaction.
 type claimed struct {
-	tx   pgx.Tx
+	tx   *claimTx
 	msgs []Message
 	// bad are the rows the claim could not decode, by id.
 	bad map[int64]error
@@ -444,19 +446,99 @@ func (c *claimed) abandon(ctx context.Context) {
 
 // claimBatch opens a transaction and claims a batch in it. ahead are the
 // rows of the batch this relayer is still publishing, which this one
-// follows.
+// follows. The transaction's BEGIN goes in one round trip with the claim
+// (a pipeline), not one of its own: at a steady trickle each claim
+// returns a row or two, and a round trip costs the relayer about as much
+// CPU as relaying one event.
 func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64) (*claimed, error) {
 	start := time.Now()
-	tx, err := r.cfg.Pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
+	conn, err := r.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	msgs, bad, locked, err := r.claim(ctx, tx, size, ahead)
+	tx := &claimTx{conn: conn}
+	if ahead == nil {
+		ahead = []int64{}
+	}
+	b := &pgx.Batch{}
+	for _, q := range claimBeginStatements {
+		b.Queue(q)
+	}
+	b.Queue(r.claimSQL, size, ahead, r.cfg.MaxBatchBytes)
+	msgs, bad, locked, err := r.sendClaim(ctx, conn.SendBatch(ctx, b))
 	if err != nil {
 		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the claim's error
 		return nil, err
 	}
 	return &claimed{tx: tx, msgs: msgs, bad: bad, size: size, locked: locked, start: start}, nil
+}
+
+// sendClaim reads the results of the claim's pipeline: BEGIN's, then the
+// claim's rows.
+func (r *Relayer) sendClaim(ctx context.Context, br pgx.BatchResults) ([]Message, map[int64]error, int, error) {
+	for range claimBeginStatements {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, nil, 0, fmt.Errorf("begin: %w", err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, nil, 0, fmt.Errorf("claim: %w", err)
+	}
+	msgs, bad, locked, err := r.claim(rows)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("claim: %w", cerr)
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	return msgs, bad, locked, err
+}
+
+// claimTx is a claim's transaction on a connection it holds from BEGIN
+// (sent with the claim) to COMMIT or ROLLBACK. A connection it leaves in
+// a transaction, or busy, the pool closes rather than reuses.
+type claimTx struct {
+	conn *pgxpool.Conn
+}
+
+func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.conn.Query(ctx, sql, args...)
+}
+
+// Commit commits, failing with pgx.ErrTxCommitRollback when the server
+// rolled back instead (the transaction had failed).
+func (t *claimTx) Commit(ctx context.Context) error {
+	if t.conn == nil {
+		return pgx.ErrTxClosed
+	}
+	tag, err := t.conn.Exec(ctx, "COMMIT")
+	t.conn.Release()
+	t.conn = nil
+	if err != nil {
+		return err
+	}
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
+}
+
+// Rollback rolls back; after Commit it does nothing.
+func (t *claimTx) Rollback(ctx context.Context) error {
+	if t.conn == nil {
+		return pgx.ErrTxClosed
+	}
+	_, err := t.conn.Exec(ctx, "ROLLBACK")
+	t.conn.Release()
+	t.conn = nil
+	return err
 }
 
 // relay publishes and commits cur. When cur is a full batch, so more rows
@@ -653,7 +735,7 @@ func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *B
 // recordHolds writes holds into the failures table within the batch's
 // transaction and returns them with their attempt counts and hold ends,
 // less those another relayer had just recorded (holdSQL).
-func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) ([]Hold, error) {
+func (r *Relayer) recordHolds(ctx context.Context, tx *claimTx, holds []Hold) ([]Hold, error) {
 	ids := make([]int64, len(holds))
 	aggs := make([]uuid.UUID, len(holds))
 	types := make([]string, len(holds))
@@ -696,16 +778,15 @@ const probeSize = 100
 
 var errDeferred = errors.New("deferred behind an earlier failed row of its aggregate")
 
-func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64) ([]Message, map[int64]error, int, error) {
-	if ahead == nil {
-		ahead = []int64{}
-	}
-	rows, err := tx.Query(ctx, r.claimSQL, size, ahead, r.cfg.MaxBatchBytes)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("claim: %w", err)
-	}
+// claim reads the claim's rows.
+func (r *Relayer) claim(rows pgx.Rows) ([]Message, map[int64]error, int, error) {
 	defer rows.Close()
-	msgs := make([]Message, 0, size)
+	var err error
+	// Sized by what the claim returns, not by what it asked for: at a
+	// steady trickle most claims return a row or two, and a slice of
+	// BatchSize messages per claim (~0.5 MiB at 5,000) kept the garbage
+	// collector busy for nothing.
+	msgs := make([]Message, 0, 16)
 	var bad map[int64]error
 	var locked int64
 	for rows.Next() {

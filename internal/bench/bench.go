@@ -70,6 +70,12 @@ type Config struct {
 	// of their own. Defaults to nil: the memory scenario is skipped with a
 	// note.
 	OutboxCommand func(ctx context.Context, args ...string) *exec.Cmd
+	// SteadyRates are the steady scenario's emit rates, events per
+	// second. Defaults to 1,000 and 10,000.
+	SteadyRates []int
+	// SteadySources are the steady scenario's readers, of poll, wal and
+	// recvlogical. Defaults to all three.
+	SteadySources []string
 	// RelayProfileDir, when set, makes the steady scenario's relay
 	// processes write CPU profiles there (`outbox relay --cpuprofile`),
 	// one file per run, named after the source. Defaults to "" (none).
@@ -104,6 +110,12 @@ func (c Config) withDefaults() Config {
 	if c.MemoryEvents == 0 {
 		c.MemoryEvents = pick(c.Short, 20_000, 1_000_000)
 	}
+	if c.SteadyRates == nil {
+		c.SteadyRates = []int{1000, 10000}
+	}
+	if c.SteadySources == nil {
+		c.SteadySources = []string{"recvlogical", "poll", "wal"}
+	}
 	if c.WatermillDir == "" {
 		c.WatermillDir = "bench/watermill"
 	}
@@ -126,6 +138,16 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: %d aggregates; use a positive number", c.Aggregates)
 	case c.MemoryEvents < 1:
 		return fmt.Errorf("bench: %d memory events; use a positive number", c.MemoryEvents)
+	}
+	for _, r := range c.SteadyRates {
+		if r < 1 || r > 100_000 {
+			return fmt.Errorf("bench: steady rate %d; use 1 to 100,000 events/s", r)
+		}
+	}
+	for _, src := range c.SteadySources {
+		if !slices.Contains([]string{"recvlogical", "poll", "wal"}, src) {
+			return fmt.Errorf("bench: steady source %q; use poll, wal or recvlogical", src)
+		}
 	}
 	if !slices.IsSorted(c.ScaleRows) || len(c.ScaleRows) == 0 || c.ScaleRows[0] < 0 {
 		return fmt.Errorf("bench: scale rows %v; give non-negative counts in ascending order, e.g. 0,1000000,10000000", c.ScaleRows)

@@ -90,7 +90,7 @@ func runSteady(ctx context.Context, s *session) (*Result, error) {
 		return nil, err
 	}
 	defer ws.admin.Close()
-	rates := []int{1000, 10000}
+	rates := cfg.SteadyRates
 	e, err := ws.newEnv(ctx, "steady", int32(latencyWriters(cfg.Writers, slices.Max(rates))+4))
 	if err != nil {
 		return nil, err
@@ -104,7 +104,7 @@ func runSteady(ctx context.Context, s *session) (*Result, error) {
 	for _, rt := range rates {
 		got := map[string]steadyStats{}
 		for _, src := range steadySources() {
-			if src.key == "recvlogical" && se.recv == "" {
+			if !slices.Contains(cfg.SteadySources, src.key) || src.key == "recvlogical" && se.recv == "" {
 				continue
 			}
 			s.progress("steady: %s events/s, %s", thousands(int64(rt)), src.key)
