@@ -76,6 +76,10 @@ type Config struct {
 	// SteadySources are the steady scenario's readers, of poll, wal and
 	// recvlogical. Defaults to all three.
 	SteadySources []string
+	// SteadyRelayArgs are extra flags for the steady scenario's `outbox
+	// relay` processes (both sources), e.g. --busy-poll-interval 4ms, to
+	// measure a setting's trade between CPU and latency. Defaults to none.
+	SteadyRelayArgs []string
 	// RelayProfileDir, when set, makes the steady scenario's relay
 	// processes write CPU profiles there (`outbox relay --cpuprofile`),
 	// one file per run, named after the source. Defaults to "" (none).

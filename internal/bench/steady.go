@@ -161,6 +161,9 @@ func steadyParams(ctx context.Context, se *steadyEnv, res *Result, server string
 	}
 	res.param("load", "one event per transaction (BEGIN; Emit; COMMIT) paced at %v for %s by max(%d, rate/200) writers in the bench process, over %s aggregates; one warm-up event first (topic creation, first claim), not counted", rs, se.window, cfg.Writers, thousands(int64(cfg.Aggregates)))
 	res.param("readers", "each its own process, one at a time, connecting as role %s: `outbox relay` and `outbox relay --mode wal` (this binary, defaults, --log-level warn) publishing to the bench's in-process dev broker; pg_recvlogical %s", steadyRole, strings.Join(recvlogicalArgs("<slot>", "<publication>", ""), " "))
+	if len(cfg.SteadyRelayArgs) > 0 {
+		res.param("relay flags", "%s (--steady-relay-arg)", strings.Join(cfg.SteadyRelayArgs, " "))
+	}
 	res.param("latency", "commit-to-ack: from the emitter's COMMIT returning to the dev broker receiving the produce request that carries the event (a kfake control function stamps each request; offsets then map records to requests)")
 	res.param("server cost", "server CPU: user + system time of the role's backends (walsender included), from /proc; statements: pg_stat_statements of the role (calls and total_exec_time), reset at the window's start")
 }
@@ -381,6 +384,7 @@ func (se *steadyEnv) startReader(ctx context.Context, source string, rt int, b *
 	if source == "wal" {
 		args = append(args, "--mode", "wal", "--slot", slot, "--publication", slot)
 	}
+	args = append(args, se.s.cfg.SteadyRelayArgs...)
 	if dir := se.s.cfg.RelayProfileDir; dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("relay profile directory: %w", err)
