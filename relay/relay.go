@@ -880,7 +880,7 @@ func (r *Relayer) claim(rows pgx.Rows) ([]Message, map[int64]error, int, error) 
 	// steady trickle most claims return a row or two, and a slice of
 	// BatchSize messages per claim (~0.5 MiB at 5,000) kept the garbage
 	// collector busy for nothing.
-	msgs := make([]Message, 0, 16)
+	msgs := make([]Message, 0, 4)
 	var bad map[int64]error
 	var locked int64
 	for rows.Next() {
