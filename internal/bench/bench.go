@@ -80,6 +80,10 @@ type Config struct {
 	// relay` processes (both sources), e.g. --busy-poll-interval 4ms, to
 	// measure a setting's trade between CPU and latency. Defaults to none.
 	SteadyRelayArgs []string
+	// SteadyRelayBinary, when set, is the outbox binary the steady
+	// scenario runs as its relays instead of OutboxCommand's, to compare
+	// two builds under the same load. Defaults to "" (OutboxCommand).
+	SteadyRelayBinary string
 	// RelayProfileDir, when set, makes the steady scenario's relay
 	// processes write CPU profiles there (`outbox relay --cpuprofile`),
 	// one file per run, named after the source. Defaults to "" (none).

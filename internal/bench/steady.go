@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -161,6 +162,9 @@ func steadyParams(ctx context.Context, se *steadyEnv, res *Result, server string
 	}
 	res.param("load", "one event per transaction (BEGIN; Emit; COMMIT) paced at %v for %s by max(%d, rate/200) writers in the bench process, over %s aggregates; one warm-up event first (topic creation, first claim), not counted", rs, se.window, cfg.Writers, thousands(int64(cfg.Aggregates)))
 	res.param("readers", "each its own process, one at a time, connecting as role %s: `outbox relay` and `outbox relay --mode wal` (this binary, defaults, --log-level warn) publishing to the bench's in-process dev broker; pg_recvlogical %s", steadyRole, strings.Join(recvlogicalArgs("<slot>", "<publication>", ""), " "))
+	if cfg.SteadyRelayBinary != "" {
+		res.param("relay binary", "%s (--steady-relay-binary)", cfg.SteadyRelayBinary)
+	}
 	if len(cfg.SteadyRelayArgs) > 0 {
 		res.param("relay flags", "%s (--steady-relay-arg)", strings.Join(cfg.SteadyRelayArgs, " "))
 	}
@@ -391,7 +395,11 @@ func (se *steadyEnv) startReader(ctx context.Context, source string, rt int, b *
 		}
 		args = append(args, "--cpuprofile", filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", source, rt)))
 	}
-	c, err := startChild(ctx, se.s.cfg, "the "+source+" relay", args...)
+	cfg := se.s.cfg
+	if bin := cfg.SteadyRelayBinary; bin != "" {
+		cfg.OutboxCommand = func(ctx context.Context, args ...string) *exec.Cmd { return exec.CommandContext(ctx, bin, args...) }
+	}
+	c, err := startChild(ctx, cfg, "the "+source+" relay", args...)
 	if err != nil {
 		return nil, err
 	}
