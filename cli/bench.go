@@ -111,21 +111,8 @@ func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) err
 		return err
 	}
 	o.cfg.Logger = log
-	if o.scaleRows != "" {
-		rows, err := parseCounts(o.scaleRows)
-		if err != nil {
-			return err
-		}
-		o.cfg.ScaleRows = rows
-	}
-	if o.steadyRate != "" {
-		rates, err := parseCounts(o.steadyRate)
-		if err != nil {
-			return fmt.Errorf("--steady-rates %q: give rates in events/s separated by commas, e.g. 1000,10000", o.steadyRate)
-		}
-		for _, r := range rates {
-			o.cfg.SteadyRates = append(o.cfg.SteadyRates, int(r))
-		}
+	if err := o.parseLists(); err != nil {
+		return err
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -167,6 +154,27 @@ func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) err
 		}
 	}
 	return runErr
+}
+
+// parseLists reads --scale-rows and --steady-rates into the config.
+func (o *benchOptions) parseLists() error {
+	if o.scaleRows != "" {
+		rows, err := parseCounts(o.scaleRows)
+		if err != nil {
+			return err
+		}
+		o.cfg.ScaleRows = rows
+	}
+	if o.steadyRate != "" {
+		rates, err := parseCounts(o.steadyRate)
+		if err != nil {
+			return fmt.Errorf("--steady-rates %q: give rates in events/s separated by commas, e.g. 1000,10000", o.steadyRate)
+		}
+		for _, r := range rates {
+			o.cfg.SteadyRates = append(o.cfg.SteadyRates, int(r))
+		}
+	}
+	return nil
 }
 
 func parseCounts(s string) ([]int64, error) {
