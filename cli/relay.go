@@ -99,7 +99,7 @@ Replicas elect one reader; the others take over within
 	f.IntVar(&o.common.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most bytes one batch holds in memory: payload, headers and type as the relay receives and sends them (not as Postgres stores them, compressed); a single larger row goes alone")
 	durationVar(f, &o.cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&o.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
-	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
+	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed, in a round trip of its own (by default it is claimed while a full batch is being published, and a small batch commits with the next claim)")
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
 	durationVar(f, &o.cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
 	durationVar(f, &o.cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
