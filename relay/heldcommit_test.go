@@ -117,3 +117,36 @@ func TestAcknowledgedBatchCommitsWithTheNextClaim(t *testing.T) {
 	require.Len(t, recs, events)
 	checkOrder(t, recs)
 }
+
+// The claim goes in a pipeline (pgx.Batch) with its BEGIN and the previous
+// batch's COMMIT, whatever the pool's query mode: poolers in transaction
+// mode need one without named prepared statements.
+func TestClaimPipelineWorksInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			cfg, err := pgxpool.ParseConfig(b.db.URL)
+			require.NoError(t, err)
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			r := b.relayer(t, func(c *relay.Config) { c.Pool = pool; c.BatchSize = 50 })
+			run(t, r)
+			const events = 120
+			b.preload(t, events, 7, "order.placed") // full batches: pipelined claims
+			b.waitDrained(t, 30*time.Second)
+			agg := uuid.New()
+			for i := range 5 { // small batches: COMMIT with the next claim
+				b.emit(t, agg, "order.placed", map[string]int{"n": i})
+				time.Sleep(5 * time.Millisecond)
+			}
+			b.waitDrained(t, 30*time.Second)
+			recs := b.consume(t, events+5, 30*time.Second, "order")
+			checkOrder(t, recs)
+		})
+	}
+}
