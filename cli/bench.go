@@ -23,6 +23,7 @@ type benchOptions struct {
 	asJSON     bool
 	markdown   bool
 	scaleRows  string
+	steadyRate string
 	cpuProfile string
 }
 
@@ -70,6 +71,11 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 	f.IntVar(&o.cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains, its consumer processes and its WAL relay streams (default 1000000; 20000 with --short)")
 	f.BoolVar(&o.cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
 	f.StringVar(&o.cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
+	f.StringVar(&o.steadyRate, "steady-rates", "", "steady scenario: emit rates in events/s, separated by commas (default 1000,10000)")
+	f.StringSliceVar(&o.cfg.SteadySources, "steady-sources", nil, "steady scenario: readers to measure, of recvlogical, poll and wal (default all three)")
+	f.StringArrayVar(&o.cfg.SteadyRelayArgs, "steady-relay-arg", nil, "steady scenario: an extra flag for its `outbox relay` processes, e.g. --steady-relay-arg=--busy-poll-interval=4ms (repeat for more)")
+	f.StringVar(&o.cfg.SteadyRelayBinary, "steady-relay-binary", "", "steady scenario: run this outbox binary as the relays instead of this one, to compare two builds under the same load")
+	f.StringVar(&o.cfg.RelayProfileDir, "relay-cpuprofile-dir", "", "steady scenario: each relay process writes a CPU profile into this directory (`outbox relay --cpuprofile`)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
 	return cmd
 }
@@ -105,12 +111,8 @@ func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) err
 		return err
 	}
 	o.cfg.Logger = log
-	if o.scaleRows != "" {
-		rows, err := parseCounts(o.scaleRows)
-		if err != nil {
-			return err
-		}
-		o.cfg.ScaleRows = rows
+	if err := o.parseLists(); err != nil {
+		return err
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -152,6 +154,27 @@ func runBench(c *cobra.Command, g *globals, o *benchOptions, names []string) err
 		}
 	}
 	return runErr
+}
+
+// parseLists reads --scale-rows and --steady-rates into the config.
+func (o *benchOptions) parseLists() error {
+	if o.scaleRows != "" {
+		rows, err := parseCounts(o.scaleRows)
+		if err != nil {
+			return err
+		}
+		o.cfg.ScaleRows = rows
+	}
+	if o.steadyRate != "" {
+		rates, err := parseCounts(o.steadyRate)
+		if err != nil {
+			return fmt.Errorf("--steady-rates %q: give rates in events/s separated by commas, e.g. 1000,10000", o.steadyRate)
+		}
+		for _, r := range rates {
+			o.cfg.SteadyRates = append(o.cfg.SteadyRates, int(r))
+		}
+	}
+	return nil
 }
 
 func parseCounts(s string) ([]int64, error) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -43,6 +45,8 @@ type relayOptions struct {
 	// cleanupBatchFlag is --cleanup-batch-size as the user spelled it
 	// (--cleanup-batch, deprecated, still works), for its error.
 	cleanupBatchFlag string
+	// cpuProfile is --cpuprofile: a CPU profile of the relay's whole run.
+	cpuProfile string
 }
 
 func newRelayCmd(g *globals) *cobra.Command {
@@ -95,7 +99,7 @@ Replicas elect one reader; the others take over within
 	f.IntVar(&o.common.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "most bytes one batch holds in memory: payload, headers and type as the relay receives and sends them (not as Postgres stores them, compressed); a single larger row goes alone")
 	durationVar(f, &o.cfg.BusyPollInterval, "busy-poll-interval", relay.DefaultBusyPollInterval, "after a batch that found rows, claim again this soon (doubling while nothing is found) to pick up events that sent no NOTIFY; negative turns it off")
 	f.BoolVar(&o.cfg.PollOnly, "poll-only", false, "do not LISTEN (for PgBouncer/Supavisor in transaction mode)")
-	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed (by default it is claimed while a full batch is being published)")
+	f.BoolVar(&o.cfg.DisablePipelining, "no-pipelining", false, "claim the next batch only after the previous one committed, in a round trip of its own (by default it is claimed while a full batch is being published, and a small batch commits with the next claim)")
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-message-bytes", 0, "largest record batch every topic accepts, instead of each topic's max.message.bytes as the broker reports it (0: ask the broker); larger records are held, not sent")
 	durationVar(f, &o.cfg.HoldOut, "hold-out", relay.DefaultHoldOut, "how long an aggregate whose event failed for good (refused by the broker, undecodable) is skipped before its first retry; doubles per failure up to --max-hold-out")
 	durationVar(f, &o.cfg.MaxHoldOut, "max-hold-out", relay.DefaultMaxHoldOut, "the longest a failed event's aggregate is skipped between retries ('outbox events retry' retries at once)")
@@ -105,6 +109,7 @@ Replicas elect one reader; the others take over within
 	// now learns each topic's, and the nearest meaning is an override of it.
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the relay to this file until it exits, for 'go tool pprof' (default: none)")
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	f.StringVar(&o.sinkURL, "sink", "", "where to publish: a URL whose scheme picks the sink ("+schemeList()+"), e.g. kafka://host:9092; default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
@@ -164,6 +169,13 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet
 	if err := sink.ping(ctx); err != nil {
 		return err
 	}
+	if o.cpuProfile != "" {
+		stop, err := startCPUProfile(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	common := o.common
 	common.Pool, common.Sink, common.Tables, common.Logger = pool, sink.sink, t, log
 	if set != nil { // a nil *contracts.Set in the interface would not be nil
@@ -174,6 +186,19 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet
 		return runWALRelay(ctx, o, common)
 	}
 	return runPollRelay(ctx, o, common)
+}
+
+// startCPUProfile profiles this process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // checkMode refuses an unknown --mode, and WAL flags that do not fit it:

@@ -73,6 +73,20 @@ func (c *claimCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.
 	}
 }
 
+// The relayer sends its claim in a pipeline with the BEGIN: pgx traces it
+// as a batch.
+func (c *claimCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (c *claimCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	if strings.Contains(data.SQL, "SKIP LOCKED") && data.Err == nil {
+		c.done.Add(1)
+	}
+}
+
+func (c *claimCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
 // While a full batch is being published the relayer claims the next one;
 // when a row of the first batch is not acknowledged (a transient error) or
 // refused for good (a permanent one), the next batch, which holds later rows

@@ -24,6 +24,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -76,11 +78,14 @@ type Config struct {
 	// DefaultMaxHoldOut (30m).
 	MaxHoldOut time.Duration
 	// DisablePipelining makes the relayer claim its next batch only after
-	// the previous one committed. By default, while a full batch is being
-	// published, the next one is claimed on a second connection (so Pool
-	// needs two), and it is published only once the first was acknowledged
-	// and committed in full; otherwise it is rolled back unpublished.
-	// Defaults to false.
+	// the previous one committed, in a round trip of its own. By default,
+	// while a full batch is being published, the next one is claimed on a
+	// second connection (so Pool needs two), and it is published only
+	// once the first was acknowledged and committed in full; otherwise it
+	// is rolled back unpublished. And a batch whose every row was
+	// acknowledged commits in one round trip with the next claim, when
+	// that follows within 10ms (the busy poll while events flow). Defaults
+	// to false.
 	DisablePipelining bool
 }
 
@@ -311,19 +316,36 @@ func (r *Relayer) Run(ctx context.Context) error {
 			next.abandon(batchCtx)
 		}
 	}()
+	// held is a batch published and settled whose COMMIT goes with the
+	// next claim (holdCommit).
+	var held *claimed
+	defer func() {
+		if held != nil {
+			if err := r.commit(batchCtx, held); err != nil {
+				r.log.Warn("relay stopping: the last batch did not commit; its rows will be sent again", "err", err)
+			}
+		}
+	}()
 	pace := newPacer(r.cfg)
 	for ctx.Err() == nil {
 		cur := next
 		next = nil
 		var err error
 		if cur == nil {
-			cur, err = r.claimBatch(batchCtx, pace.claimSize(), nil)
+			cur, err = r.claimBatch(batchCtx, pace.claimSize(), nil, held)
+			held = nil
 		}
 		var res BatchResult
 		full := false
 		if err == nil {
 			full = cur.locked >= cur.size
 			res, next, err = r.relay(ctx, batchCtx, cur)
+		}
+		var action action
+		var wait time.Duration
+		if err == nil {
+			action, wait = pace.afterBatch(res, full, next != nil)
+			held, err = r.holdCommit(ctx, batchCtx, cur, action, wait)
 		}
 		if err != nil {
 			if ctx.Err() != nil && errors.Is(err, context.Canceled) {
@@ -334,12 +356,34 @@ func (r *Relayer) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		action, wait := pace.afterBatch(res, full, next != nil)
 		if !r.pause(ctx, action, wait) {
 			return nil
 		}
 	}
 	return nil
+}
+
+// maxHeldCommit is the longest pause a batch's COMMIT waits for, to go in
+// one round trip with the next claim: the busy poll's (BusyPollInterval,
+// 2ms by default) while events flow.
+const maxHeldCommit = 10 * time.Millisecond
+
+// holdCommit commits cur, unless finish left its COMMIT for later (a batch
+// whose every row was acknowledged, claimed without pipelining) and the
+// relayer claims again within maxHeldCommit: then it returns cur, whose
+// COMMIT goes in one pipeline with the next claim (claimBatch). At a
+// steady trickle every batch is a row or two, and its own COMMIT round
+// trip cost the relayer as much CPU as the claim's. The rows stay locked,
+// marked, uncommitted for that pause: other relayers skip them, and their
+// aggregates' later rows, as they skip any batch being published.
+func (r *Relayer) holdCommit(ctx, batchCtx context.Context, cur *claimed, a action, wait time.Duration) (*claimed, error) {
+	if !cur.uncommitted {
+		return nil, nil
+	}
+	if ctx.Err() == nil && (a == claimNow || a == pollLater && wait <= maxHeldCommit) {
+		return cur, nil
+	}
+	return nil, r.commit(batchCtx, cur)
 }
 
 // checkSchema validates the outbox's schema unless SkipSchemaCheck.
@@ -427,7 +471,7 @@ func (r *Relayer) pause(ctx context.Context, a action, wait time.Duration) bool 
 
 // claimed is a batch claimed and marked in its still open transaction.
 type claimed struct {
-	tx   pgx.Tx
+	tx   *claimTx
 	msgs []Message
 	// bad are the rows the claim could not decode, by id.
 	bad map[int64]error
@@ -435,6 +479,11 @@ type claimed struct {
 	refused      map[int64]bool
 	size, locked int // rows asked for, rows locked
 	start        time.Time
+	// uncommitted is set when finish published and settled the batch but
+	// left its COMMIT to the caller (holdCommit); res is then its result,
+	// reported once committed.
+	uncommitted bool
+	res         BatchResult
 }
 
 // abandon rolls the batch back: its rows return to pending, unpublished.
@@ -444,19 +493,120 @@ func (c *claimed) abandon(ctx context.Context) {
 
 // claimBatch opens a transaction and claims a batch in it. ahead are the
 // rows of the batch this relayer is still publishing, which this one
-// follows.
-func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64) (*claimed, error) {
+// follows. The transaction's BEGIN goes in one round trip with the claim
+// (a pipeline), not one of its own: at a steady trickle each claim
+// returns a row or two, and a round trip costs the relayer about as much
+// CPU as relaying one event.
+//
+// held, if not nil, is the previous batch, whose COMMIT goes first in
+// the same pipeline, on its connection (holdCommit); it is reported once
+// committed, and the claim fails if it did not commit.
+func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64, held *claimed) (*claimed, error) {
 	start := time.Now()
-	tx, err := r.cfg.Pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: claimBegin})
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+	b := &pgx.Batch{}
+	var conn *pgxpool.Conn
+	if held != nil {
+		conn, held.tx.conn = held.tx.conn, nil
+		b.Queue("COMMIT")
+	} else {
+		var err error
+		if conn, err = r.cfg.Pool.Acquire(ctx); err != nil {
+			return nil, fmt.Errorf("begin: %w", err)
+		}
 	}
-	msgs, bad, locked, err := r.claim(ctx, tx, size, ahead)
+	tx := &claimTx{conn: conn}
+	if ahead == nil {
+		ahead = []int64{}
+	}
+	for _, q := range claimBeginStatements {
+		b.Queue(q)
+	}
+	b.Queue(r.claimSQL, size, ahead, r.cfg.MaxBatchBytes)
+	msgs, bad, locked, err := r.sendClaim(ctx, conn.SendBatch(ctx, b), held)
 	if err != nil {
 		tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the claim's error
 		return nil, err
 	}
 	return &claimed{tx: tx, msgs: msgs, bad: bad, size: size, locked: locked, start: start}, nil
+}
+
+// sendClaim reads the results of the claim's pipeline: BEGIN's, then the
+// claim's rows.
+func (r *Relayer) sendClaim(ctx context.Context, br pgx.BatchResults, held *claimed) ([]Message, map[int64]error, int, error) {
+	if held != nil {
+		tag, err := br.Exec()
+		if err == nil && tag.String() == "ROLLBACK" {
+			err = pgx.ErrTxCommitRollback
+		}
+		if err != nil {
+			br.Close()
+			return nil, nil, 0, fmt.Errorf("commit after publishing %d rows (they will be sent again): %w", held.res.Dispatched, err)
+		}
+		r.report(held, held.res)
+	}
+	for range claimBeginStatements {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, nil, 0, fmt.Errorf("begin: %w", err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, nil, 0, fmt.Errorf("claim: %w", err)
+	}
+	msgs, bad, locked, err := r.claim(rows)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("claim: %w", cerr)
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	return msgs, bad, locked, err
+}
+
+// claimTx is a claim's transaction on a connection it holds from BEGIN
+// (sent with the claim) to COMMIT or ROLLBACK. A connection it leaves in
+// a transaction, or busy, the pool closes rather than reuses.
+type claimTx struct {
+	conn *pgxpool.Conn
+}
+
+func (t *claimTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+func (t *claimTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.conn.Query(ctx, sql, args...)
+}
+
+// Commit commits, failing with pgx.ErrTxCommitRollback when the server
+// rolled back instead (the transaction had failed).
+func (t *claimTx) Commit(ctx context.Context) error {
+	if t.conn == nil {
+		return pgx.ErrTxClosed
+	}
+	tag, err := t.conn.Exec(ctx, "COMMIT")
+	t.conn.Release()
+	t.conn = nil
+	if err != nil {
+		return err
+	}
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
+}
+
+// Rollback rolls back; after Commit it does nothing.
+func (t *claimTx) Rollback(ctx context.Context) error {
+	if t.conn == nil {
+		return pgx.ErrTxClosed
+	}
+	_, err := t.conn.Exec(ctx, "ROLLBACK")
+	t.conn.Release()
+	t.conn = nil
+	return err
 }
 
 // relay publishes and commits cur. When cur is a full batch, so more rows
@@ -466,7 +616,9 @@ func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64) (*cla
 // is not claimed once ctx (Run's) is cancelled.
 func (r *Relayer) relay(ctx, batchCtx context.Context, cur *claimed) (BatchResult, *claimed, error) {
 	if r.cfg.DisablePipelining || len(cur.msgs) == 0 || cur.locked < cur.size || ctx.Err() != nil {
-		res, err := r.finish(batchCtx, cur)
+		// Without pipelining, each batch commits before the next claim is
+		// sent, in a round trip of its own.
+		res, err := r.finish(batchCtx, cur, !r.cfg.DisablePipelining)
 		return res, nil, err
 	}
 	type outcome struct {
@@ -479,10 +631,10 @@ func (r *Relayer) relay(ctx, batchCtx context.Context, cur *claimed) (BatchResul
 	}
 	done := make(chan outcome, 1)
 	go func() {
-		res, err := r.finish(batchCtx, cur)
+		res, err := r.finish(batchCtx, cur, false)
 		done <- outcome{res, err}
 	}()
-	next, nerr := r.claimBatch(batchCtx, r.cfg.BatchSize, ahead)
+	next, nerr := r.claimBatch(batchCtx, r.cfg.BatchSize, ahead, nil)
 	out := <-done
 	if out.err != nil || out.res.Dispatched != out.res.Claimed {
 		if next != nil {
@@ -498,14 +650,20 @@ func (r *Relayer) relay(ctx, batchCtx context.Context, cur *claimed) (BatchResul
 
 // finish publishes a claimed batch, returns the rows the broker did not
 // acknowledge to pending, records the holds of rows that failed for good
-// and commits.
-func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
+// and commits. With mayHold, a batch whose every row was acknowledged is
+// left uncommitted, for the caller to commit (holdCommit).
+func (r *Relayer) finish(ctx context.Context, c *claimed, mayHold bool) (BatchResult, error) {
 	tx, msgs := c.tx, c.msgs
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	res := BatchResult{Locked: c.locked, Claimed: len(msgs)}
 	if len(msgs) == 0 {
 		return res, tx.Commit(ctx)
 	}
+	held := false
+	defer func() {
+		if !held {
+			tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
+		}
+	}()
 
 	errs, err := r.publish(ctx, c)
 	if err != nil {
@@ -526,12 +684,15 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 			return res, err
 		}
 	}
+	if mayHold && res.Dispatched == len(msgs) {
+		held, c.uncommitted, c.res = true, true, res
+		return res, nil
+	}
 	if err := tx.Commit(ctx); err != nil {
 		// The broker has the rows but they stay pending: they will be
 		// published again. At-least-once.
 		return res, fmt.Errorf("commit after publishing %d rows (they will be sent again): %w", res.Dispatched, err)
 	}
-	res.Duration = time.Since(c.start)
 	res.Holds = holds
 	for _, h := range holds {
 		r.log.Error("event held: it cannot be published, so its aggregate waits behind it",
@@ -539,16 +700,31 @@ func (r *Relayer) finish(ctx context.Context, c *claimed) (BatchResult, error) {
 			"attempt", h.Attempts, "held_until", h.Until.Format(time.RFC3339),
 			"retry_now", fmt.Sprintf("outbox events retry %d --yes", h.EventID), "park", fmt.Sprintf("outbox events park %d --reason ... --yes", h.EventID))
 	}
+	r.report(c, res)
+	if firstTransient != nil {
+		return res, fmt.Errorf("publish: %d of %d rows not acknowledged: %w", res.Transient, len(msgs), firstTransient)
+	}
+	return res, nil
+}
+
+// commit commits a batch finish left uncommitted and reports it.
+func (r *Relayer) commit(ctx context.Context, c *claimed) error {
+	if err := c.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit after publishing %d rows (they will be sent again): %w", c.res.Dispatched, err)
+	}
+	r.report(c, c.res)
+	return nil
+}
+
+// report counts a committed batch and tells the hooks.
+func (r *Relayer) report(c *claimed, res BatchResult) {
+	res.Duration = time.Since(c.start)
 	r.batches.Add(1)
 	r.claimed.Add(int64(res.Claimed))
 	r.dispatched.Add(int64(res.Dispatched))
 	r.permanent.Add(int64(res.Permanent))
 	r.transient.Add(int64(res.Transient))
 	r.obs.Batch(res)
-	if firstTransient != nil {
-		return res, fmt.Errorf("publish: %d of %d rows not acknowledged: %w", res.Transient, len(msgs), firstTransient)
-	}
-	return res, nil
 }
 
 // publish sends the rows of c that can be sent and returns one error per
@@ -653,7 +829,7 @@ func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *B
 // recordHolds writes holds into the failures table within the batch's
 // transaction and returns them with their attempt counts and hold ends,
 // less those another relayer had just recorded (holdSQL).
-func (r *Relayer) recordHolds(ctx context.Context, tx pgx.Tx, holds []Hold) ([]Hold, error) {
+func (r *Relayer) recordHolds(ctx context.Context, tx *claimTx, holds []Hold) ([]Hold, error) {
 	ids := make([]int64, len(holds))
 	aggs := make([]uuid.UUID, len(holds))
 	types := make([]string, len(holds))
@@ -696,16 +872,15 @@ const probeSize = 100
 
 var errDeferred = errors.New("deferred behind an earlier failed row of its aggregate")
 
-func (r *Relayer) claim(ctx context.Context, tx pgx.Tx, size int, ahead []int64) ([]Message, map[int64]error, int, error) {
-	if ahead == nil {
-		ahead = []int64{}
-	}
-	rows, err := tx.Query(ctx, r.claimSQL, size, ahead, r.cfg.MaxBatchBytes)
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("claim: %w", err)
-	}
+// claim reads the claim's rows.
+func (r *Relayer) claim(rows pgx.Rows) ([]Message, map[int64]error, int, error) {
 	defer rows.Close()
-	msgs := make([]Message, 0, size)
+	var err error
+	// Sized by what the claim returns, not by what it asked for: at a
+	// steady trickle most claims return a row or two, and a slice of
+	// BatchSize messages per claim (~0.5 MiB at 5,000) kept the garbage
+	// collector busy for nothing.
+	msgs := make([]Message, 0, 4)
 	var bad map[int64]error
 	var locked int64
 	for rows.Next() {

@@ -163,6 +163,10 @@ var binaryClaimRewrites = [][2]string{
 // the pending index (TestClaimPlanUsesPendingIndex, "no statistics").
 const claimBegin = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 
+// claimBeginStatements are claimBegin's statements, which the relayer
+// sends in one pipeline with the claim.
+var claimBeginStatements = strings.Split(claimBegin, "; ")
+
 // unmarkSQL returns rows the broker did not acknowledge to pending, inside
 // the claim's transaction (so, to other sessions, they never left it).
 const unmarkSQL = `UPDATE {{outbox}} SET dispatched_at = NULL WHERE id = ANY($1::bigint[])`

@@ -70,6 +70,24 @@ type Config struct {
 	// of their own. Defaults to nil: the memory scenario is skipped with a
 	// note.
 	OutboxCommand func(ctx context.Context, args ...string) *exec.Cmd
+	// SteadyRates are the steady scenario's emit rates, events per
+	// second. Defaults to 1,000 and 10,000.
+	SteadyRates []int
+	// SteadySources are the steady scenario's readers, of poll, wal and
+	// recvlogical. Defaults to all three.
+	SteadySources []string
+	// SteadyRelayArgs are extra flags for the steady scenario's `outbox
+	// relay` processes (both sources), e.g. --busy-poll-interval 4ms, to
+	// measure a setting's trade between CPU and latency. Defaults to none.
+	SteadyRelayArgs []string
+	// SteadyRelayBinary, when set, is the outbox binary the steady
+	// scenario runs as its relays instead of OutboxCommand's, to compare
+	// two builds under the same load. Defaults to "" (OutboxCommand).
+	SteadyRelayBinary string
+	// RelayProfileDir, when set, makes the steady scenario's relay
+	// processes write CPU profiles there (`outbox relay --cpuprofile`),
+	// one file per run, named after the source. Defaults to "" (none).
+	RelayProfileDir string
 	// Progress receives one line per step, so a long run shows where it
 	// is. Defaults to io.Discard.
 	Progress io.Writer
@@ -100,6 +118,12 @@ func (c Config) withDefaults() Config {
 	if c.MemoryEvents == 0 {
 		c.MemoryEvents = pick(c.Short, 20_000, 1_000_000)
 	}
+	if c.SteadyRates == nil {
+		c.SteadyRates = []int{1000, 10000}
+	}
+	if c.SteadySources == nil {
+		c.SteadySources = []string{"recvlogical", "poll", "wal"}
+	}
 	if c.WatermillDir == "" {
 		c.WatermillDir = "bench/watermill"
 	}
@@ -122,6 +146,16 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: %d aggregates; use a positive number", c.Aggregates)
 	case c.MemoryEvents < 1:
 		return fmt.Errorf("bench: %d memory events; use a positive number", c.MemoryEvents)
+	}
+	for _, r := range c.SteadyRates {
+		if r < 1 || r > 100_000 {
+			return fmt.Errorf("bench: steady rate %d; use 1 to 100,000 events/s", r)
+		}
+	}
+	for _, src := range c.SteadySources {
+		if !slices.Contains([]string{"recvlogical", "poll", "wal"}, src) {
+			return fmt.Errorf("bench: steady source %q; use poll, wal or recvlogical", src)
+		}
 	}
 	if !slices.IsSorted(c.ScaleRows) || len(c.ScaleRows) == 0 || c.ScaleRows[0] < 0 {
 		return fmt.Errorf("bench: scale rows %v; give non-negative counts in ascending order, e.g. 0,1000000,10000000", c.ScaleRows)
@@ -158,6 +192,7 @@ func Scenarios() []Scenario {
 		{"nats", "drain to NATS JetStream vs nats.go publishing the same messages, and commit-to-ack latency at 1,000 events/s (server: OUTBOX_BENCH_NATS_URL, default nats://127.0.0.1:4222)", false, runNATS},
 		{"webhook", "drain to a loopback webhook endpoint vs net/http alone, and commit-to-2xx latency at 1,000 events/s", false, runWebhook},
 		{"amqp", "RabbitMQ: drain through amqppub vs amqp091-go alone with the same durability, and commit-to-confirm latency at 1,000 events/s", false, runAMQP},
+		{"steady", "CPU per event of `outbox relay` (polling and --mode wal) and of pg_recvlogical, each its own process, under one-event transactions at 1,000 and 10,000/s; commit-to-ack p50/p99; the server's cost (backend CPU, pg_stat_statements) on a throwaway wal_level=logical cluster", false, runSteady},
 		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them, and of an `outbox relay --mode wal` process streaming 1M events (with its slot lag)", true, runMemory},
 	}
 }

@@ -153,11 +153,21 @@ func walTargets(res *Result, recvErr error) {
 // run on: --wal-database-url, or a throwaway cluster, which stop removes.
 // desc says which, for the parameters.
 func (s *session) logicalServer(ctx context.Context, scenario string) (url, desc string, stop func(), err error) {
+	return s.logicalServerWith(ctx, scenario, nil)
+}
+
+// logicalServerWith is logicalServer; a throwaway cluster also gets the
+// settings extra.
+func (s *session) logicalServerWith(ctx context.Context, scenario string, extra map[string]string) (url, desc string, stop func(), err error) {
 	if s.cfg.WALDatabaseURL != "" {
 		return s.cfg.WALDatabaseURL, "--wal-database-url", func() {}, nil
 	}
 	s.progress("%s: starting a throwaway wal_level=logical cluster", scenario)
-	c, err := tmppg.Logical(ctx, 10, map[string]string{"max_connections": "150", "max_slot_wal_keep_size": "4GB"})
+	settings := map[string]string{"max_connections": "150", "max_slot_wal_keep_size": "4GB"}
+	for k, v := range extra {
+		settings[k] = v
+	}
+	c, err := tmppg.Logical(ctx, 10, settings)
 	if err != nil {
 		return "", "", nil, fmt.Errorf("the %s scenario needs a server with wal_level=logical; starting a throwaway one failed (set --wal-database-url to a server with wal_level=logical and a role with REPLICATION): %w", scenario, err)
 	}

@@ -97,8 +97,13 @@ type streamer struct {
 	// What has been read and not yet acknowledged.
 	streamState
 
-	// The batch out: at most one, published by its own goroutine under
-	// pubCtx, and sent on done once settled.
+	// The batch out: at most one, handed on out to the publisher
+	// goroutine, which publishes it under pubCtx and sends it on done once
+	// settled. The goroutine lives as long as the stream: one started per
+	// batch cost a goroutine's start and the growth of its stack to
+	// franz-go's depth for every batch, most of them an event or two at a
+	// steady trickle.
+	out      chan batch
 	done     chan batch
 	inflight bool
 	wg       sync.WaitGroup
@@ -129,12 +134,13 @@ type streamer struct {
 // acknowledged; otherwise (the lock was lost, the stream failed) it is
 // stopped at once.
 func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error {
-	st := &streamer{r: r, ctx: ctx, runCtx: runCtx, done: make(chan batch, 1)}
+	st := &streamer{r: r, ctx: ctx, runCtx: runCtx, out: make(chan batch, 1), done: make(chan batch, 1)}
 	if err := st.connect(); err != nil {
 		return err
 	}
 	defer st.conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the stream is over either way
 	st.lead(start)
+	st.wg.Go(st.publisher)
 	defer st.stopPublishing()
 	defer context.AfterFunc(ctx, st.wake)()
 	defer st.finish()
@@ -269,15 +275,20 @@ func (st *streamer) step() error {
 	return st.readRound()
 }
 
-// publish hands b to the publisher goroutine, which settles it (settle),
-// sends it on done and wakes the stream.
+// publish hands b to the publisher goroutine.
 func (st *streamer) publish(b batch) {
 	st.inflight = true
-	st.wg.Go(func() {
+	st.out <- b
+}
+
+// publisher settles each batch handed to it (settle), sends it on done
+// and wakes the stream, until out is closed (finish).
+func (st *streamer) publisher() {
+	for b := range st.out {
 		b.ok = st.r.settle(st.pubCtx, st.runCtx, b.items)
 		st.done <- b
 		st.wake()
-	})
+	}
 }
 
 // waitForRoom is back pressure: the read-ahead is full, so the stream
@@ -427,6 +438,7 @@ func (st *streamer) finish() {
 	} else if st.inflight {
 		st.r.log.Info("wal relay stopping: letting the batch out finish", "shutdown_timeout", st.r.cfg.ShutdownTimeout)
 	}
+	close(st.out)
 	st.wg.Wait()
 	select {
 	case b := <-st.done:
