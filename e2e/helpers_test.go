@@ -91,7 +91,37 @@ func start(t *testing.T, args ...string) *proc {
 
 func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
+	if sig == syscall.SIGTERM || sig == syscall.SIGINT {
+		p.startedUp(t)
+	}
 	require.NoError(t, p.cmd.Process.Signal(sig))
+}
+
+// startedUp waits until p has opened a socket, or has exited. Every
+// command these tests stop with SIGTERM connects to Postgres or a broker,
+// which it does only after it handles SIGTERM; sent earlier, while the Go
+// runtime and the packages are still starting, SIGTERM kills the process
+// instead of stopping it (a test that found the outbox already drained
+// could stop a relayer it had just started).
+func (p *proc) startedUp(t *testing.T) {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d", p.cmd.Process.Pid)
+	require.Eventually(t, func() bool {
+		stat, err := os.ReadFile(dir + "/stat")
+		if err != nil {
+			return true // gone
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			return true // exited, not yet reaped
+		}
+		fds, _ := os.ReadDir(dir + "/fd")
+		for _, fd := range fds {
+			if target, err := os.Readlink(dir + "/fd/" + fd.Name()); err == nil && strings.HasPrefix(target, "socket:") {
+				return true
+			}
+		}
+		return false
+	}, 60*time.Second, 5*time.Millisecond, "process %d never opened a socket; output:\n%s", p.cmd.Process.Pid, p.out.String())
 }
 
 // wait returns the exit code, failing the test after timeout.

@@ -203,13 +203,30 @@ type claimTracer struct {
 }
 
 func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if len(data.Args) == 3 && strings.Contains(data.SQL, "SKIP LOCKED") && strings.Contains(strings.ToUpper(data.SQL), "SET DISPATCHED_AT") {
-		t.once.Do(func() { t.found <- data.SQL })
-	}
+	t.saw(data.SQL, data.Args)
 	return ctx
 }
 
 func (t *claimTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// The relayer sends its claim in a pipeline with the transaction's BEGIN
+// (and the previous batch's COMMIT): pgx traces it as a batch.
+
+func (t *claimTracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (t *claimTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	t.saw(data.SQL, data.Args)
+}
+
+func (t *claimTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (t *claimTracer) saw(sql string, args []any) {
+	if len(args) == 3 && strings.Contains(sql, "SKIP LOCKED") && strings.Contains(strings.ToUpper(sql), "SET DISPATCHED_AT") {
+		t.once.Do(func() { t.found <- sql })
+	}
+}
 
 // nullPublisher acknowledges everything at once.
 type nullPublisher struct{ fakesink.Kafka }
