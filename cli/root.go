@@ -34,6 +34,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// SIGTERM or SIGINT while the command was still starting (say,
+		// connecting): a stop that was asked for, not a failure.
+		return 0
+	}
 	var ex *exitError
 	if errors.As(err, &ex) {
 		if ex.msg != "" {
@@ -208,6 +213,9 @@ func (g *globals) connect(ctx context.Context, maxConns int32) (*pgxpool.Pool, e
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("stopped while connecting to Postgres: %w", ctx.Err())
+		}
 		return nil, connectError(err, &cfg.ConnConfig.Config)
 	}
 	g.logConnected(&cfg.ConnConfig.Config)
