@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"net/url"
 	"testing"
@@ -67,22 +66,6 @@ func TestRelayAMQPSinkPublishes(t *testing.T) {
 	_, err = db.Pool.Exec(context.Background(), "INSERT INTO "+db.Tables.OutboxIdent()+" (aggregate_id, type, payload) SELECT gen_random_uuid(), 'order.placed', '{}' FROM generate_series(1, 50)")
 	require.NoError(t, err)
 
-	root := NewRoot(&bytes.Buffer{}, &bytes.Buffer{})
-	root.SetArgs([]string{"relay", "--database-url", db.URL, "--schema", db.Tables.Schema, "--sink", rabbittest.URL() + "?exchange=" + name, "--poll-interval", "50ms"})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Tables.OutboxIdent()+" WHERE dispatched_at IS NULL").Scan(&n))
-		return n == 0
-	}, 30*time.Second, 50*time.Millisecond)
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop")
-	}
+	relayUntilDispatched(t, db, "--sink", rabbittest.URL()+"?exchange="+name)
 	require.Len(t, rabbittest.Get(t, conn, name, 50, 200*time.Millisecond, 20*time.Second), 50)
 }

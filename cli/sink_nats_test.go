@@ -1,14 +1,12 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -67,24 +65,7 @@ func TestRelaySinkNATSPublishes(t *testing.T) {
 	_, err := db.Pool.Exec(context.Background(), "INSERT INTO "+db.Tables.OutboxIdent()+" (aggregate_id, type, payload) SELECT gen_random_uuid(), 'order.placed', '{}' FROM generate_series(1, 50)")
 	require.NoError(t, err)
 
-	root := NewRoot(&bytes.Buffer{}, &bytes.Buffer{})
-	root.SetArgs([]string{"relay", "--database-url", db.URL, "--schema", db.Tables.Schema, "--sink", srv.URL(),
-		"--topic-prefix", "shop.", "--source", "eu", "--poll-interval", "50ms"})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- root.ExecuteContext(ctx) }()
-	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, db.Pool.QueryRow(context.Background(), "SELECT count(*) FROM "+db.Tables.OutboxIdent()+" WHERE dispatched_at IS NULL").Scan(&n))
-		return n == 0
-	}, 30*time.Second, 50*time.Millisecond)
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("relay did not stop")
-	}
+	relayUntilDispatched(t, db, "--sink", srv.URL(), "--topic-prefix", "shop.", "--source", "eu")
 	got := natstest.ReadStream(t, js, "ORDERS", "shop.order.placed")
 	require.Len(t, got, 50)
 	for _, m := range got {
