@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/consumer/webhookconsumer"
+	"github.com/pgoutbox/outbox/internal/npmtest"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/webhookpub"
 )
@@ -47,24 +47,8 @@ type interopOut struct {
 // script with it.
 func standardWebhooks(t *testing.T) func(secret string, verify, sign []signedCase) interopOut {
 	t.Helper()
-	npm, err := exec.LookPath("npm")
-	node, err2 := exec.LookPath("node")
-	if err != nil || err2 != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node and npm are needed (.ci/run installs them)")
-		}
-		t.Skip("node or npm not on PATH: the standardwebhooks interop is not checked")
-	}
-	dir := t.TempDir()
-	for _, f := range []string{"package.json", "interop.js"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "interop", f))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(dir, f), b, 0o600))
-	}
-	install := exec.Command(npm, "install", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error")
-	install.Dir = dir
-	out, err := install.CombinedOutput()
-	require.NoError(t, err, "npm install standardwebhooks: %s", out)
+	dir, node := npmtest.Install(t, npmtest.Files(t, filepath.Join("testdata", "interop"), "package.json", "interop.js"),
+		"the standardwebhooks interop")
 	return func(secret string, verify, sign []signedCase) interopOut {
 		in, err := json.Marshal(map[string]any{"secret": secret, "verify": verify, "sign": sign})
 		require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/outbox/cloudevents"
 	"github.com/pgoutbox/outbox/contracts"
 	"github.com/pgoutbox/outbox/contracts/asyncapi"
+	"github.com/pgoutbox/outbox/internal/npmtest"
 	"github.com/pgoutbox/outbox/routing"
 )
 
@@ -40,24 +41,8 @@ type parsed struct {
 // of the test's own.
 func parse(t *testing.T, docs ...map[string]any) []parsed {
 	t.Helper()
-	npm, err := exec.LookPath("npm")
-	node, err2 := exec.LookPath("node")
-	if err != nil || err2 != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node and npm are needed for the AsyncAPI parser (.ci/run installs them)")
-		}
-		t.Skip("node or npm not on PATH: the AsyncAPI parser does not check the documents")
-	}
-	tmp := t.TempDir()
-	for _, f := range []string{"package.json", "parse.js"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "parser", f))
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(tmp, f), b, 0o600))
-	}
-	install := exec.Command(npm, "install", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error")
-	install.Dir = tmp
-	out, err := install.CombinedOutput()
-	require.NoError(t, err, "npm install @asyncapi/parser: %s", out)
+	tmp, node := npmtest.Install(t, npmtest.Files(t, filepath.Join("testdata", "parser"), "package.json", "parse.js"),
+		"the AsyncAPI parser's check of the documents")
 	args := []string{"parse.js"}
 	for i, d := range docs {
 		b, err := json.MarshalIndent(d, "", "  ")

@@ -8,12 +8,12 @@ import (
 	"bytes"
 	_ "embed"
 	"encoding/json"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgoutbox/outbox/internal/npmtest"
 )
 
 //go:embed sdk.js
@@ -43,21 +43,7 @@ type Parsed struct {
 // own and returns a func that parses messages with it.
 func SDK(t testing.TB) func(msgs []Message) []Parsed {
 	t.Helper()
-	npm, err := exec.LookPath("npm")
-	node, err2 := exec.LookPath("node")
-	if err != nil || err2 != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("node and npm are needed for the CloudEvents SDK check (.ci/run installs them)")
-		}
-		t.Skip("node or npm not on PATH: the CloudEvents SDK does not check these events")
-	}
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "package.json"), pkg, 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "sdk.js"), script, 0o600))
-	install := exec.Command(npm, "install", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error")
-	install.Dir = dir
-	out, err := install.CombinedOutput()
-	require.NoError(t, err, "npm install cloudevents: %s", out)
+	dir, node := npmtest.Install(t, map[string][]byte{"package.json": pkg, "sdk.js": script}, "the CloudEvents SDK's check of these events")
 	return func(msgs []Message) []Parsed {
 		t.Helper()
 		in, err := json.Marshal(msgs)
