@@ -108,8 +108,7 @@ func (p *Producer) validateBinary(ev Event, b Bytes, versions string) (row, erro
 	}
 	var err error
 	if isJSON {
-		ev.Payload = json.RawMessage(b.Data)
-		ev.Headers, err = p.checkContract(ev, versions)
+		ev.Headers, err = p.checkContract(ev, b.Data, versions)
 	} else {
 		ev.Headers, err = p.checkBinaryContract(ev, b, versions)
 	}
@@ -146,7 +145,7 @@ func (p *Producer) checkBinaryContract(ev Event, b Bytes, versions string) (map[
 				ErrContractViolation, quoteShort(ev.Type), quoteShort(b.ContentType), err)
 		}
 	}
-	return versionHeaders(ev, nil, versions)
+	return versionHeaders(ev, nil, nil, versions)
 }
 
 // binaryArgs adds a row's bytes and content type to the single-event

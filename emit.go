@@ -647,12 +647,11 @@ func (p *Producer) validate(ev Event, versions string) (row, error) {
 	if err != nil {
 		return row{}, fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
-	ev.Payload = json.RawMessage(payload)
 	n, multiKey, err := jsonbScan(payload)
 	if err != nil {
 		return row{}, fmt.Errorf("%w (type %s): %s", ErrInvalidPayload, quoteShort(ev.Type), err)
 	}
-	if ev.Headers, err = p.checkContract(ev, versions); err != nil {
+	if ev.Headers, err = p.checkContract(ev, payload, versions); err != nil {
 		return row{}, err
 	}
 	if err := p.checkSize(ev, payload, n, multiKey); err != nil {
@@ -668,17 +667,17 @@ func (p *Producer) validate(ev Event, versions string) (row, error) {
 	return row{payload: payload, headers: string(hdr)}, nil
 }
 
-// checkContract checks ev's payload (JSON text, as serialised) against its
+// checkContract checks payload, ev's JSON text as serialised, against its
 // type's contract and returns its headers with the event_version header
 // of the version checked (or of Event.Version when there are no
 // contracts), and the event_versions header when versions is not "". The
 // caller's map is never modified.
-func (p *Producer) checkContract(ev Event, versions string) (map[string]string, error) {
-	return versionHeaders(ev, p.cfg.Contracts, versions)
+func (p *Producer) checkContract(ev Event, payload []byte, versions string) (map[string]string, error) {
+	return versionHeaders(ev, p.cfg.Contracts, payload, versions)
 }
 
 // versionHeaders is checkContract with the contracts c (nil: none).
-func versionHeaders(ev Event, c Contracts, versions string) (map[string]string, error) {
+func versionHeaders(ev Event, c Contracts, payload []byte, versions string) (map[string]string, error) {
 	if _, set := ev.Headers[HeaderEventVersion]; set {
 		return nil, fmt.Errorf("%w (type %s): header %q is written from Event.Version; set that instead", ErrInvalidHeaders, quoteShort(ev.Type), HeaderEventVersion)
 	}
@@ -691,7 +690,7 @@ func versionHeaders(ev Event, c Contracts, versions string) (map[string]string, 
 	version := ev.Version
 	if c != nil {
 		var err error
-		if version, err = c.Check(ev.Type, ev.Version, ev.Payload.(json.RawMessage)); err != nil {
+		if version, err = c.Check(ev.Type, ev.Version, payload); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrContractViolation, err)
 		}
 	}
