@@ -734,7 +734,9 @@ func (r *Relayer) report(c *claimed, res BatchResult) {
 // so nothing overtakes it.
 func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 	msgs := c.msgs
-	refuse := make([]error, len(msgs)) // why a row cannot be sent
+	// First why a row cannot be sent at all; then, in the same slice, what
+	// the sink made of the rows that could.
+	errs := make([]error, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
 		err := c.bad[m.ID]
@@ -742,10 +744,9 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 			m.Topic, err = r.routing.Destination(m.Type)
 			err = PermanentReason(ReasonInvalidTopic, err)
 		}
-		refuse[i] = err
+		errs[i] = err
 	}
-	CheckContracts(r.cfg.Contracts, msgs, refuse)
-	errs := make([]error, len(msgs))
+	CheckContracts(r.cfg.Contracts, msgs, errs)
 	var blocked map[uuid.UUID]bool
 	send := make([]Message, 0, len(msgs))
 	sendIdx := make([]int, 0, len(msgs))
@@ -755,8 +756,7 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 			errs[i] = errDeferred
 			continue
 		}
-		if err := refuse[i]; err != nil {
-			errs[i] = err
+		if errs[i] != nil {
 			if c.refused == nil {
 				c.refused = map[int64]bool{}
 			}
