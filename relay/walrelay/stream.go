@@ -261,7 +261,7 @@ func (st *streamer) step() error {
 		// it is acknowledged at once.
 		st.advanceIdle()
 		if len(st.queue) > 0 && !st.lingering(time.Now()) {
-			st.publish(st.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
+			st.send(st.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
 		}
 	}
 	if !time.Now().Before(st.nextStatus()) {
@@ -273,6 +273,35 @@ func (st *streamer) step() error {
 		return st.waitForRoom()
 	}
 	return st.readRound()
+}
+
+// A batch of at most inlineMax events is published on the stream
+// goroutine, for up to inlineBound: at a trickle (an event or two a
+// batch) handing it to the publisher goroutine, and its settling back,
+// cost two goroutine wake-ups a batch, as much CPU as the publish. What
+// is not acknowledged within the bound (a slow or unreachable broker, a
+// record refused) goes to the publisher goroutine, which retries it in
+// order as settle does, while the stream goes back to answering the
+// server. A larger batch goes there at once: while it is published the
+// stream reads ahead.
+const (
+	inlineMax   = 32
+	inlineBound = time.Second
+)
+
+// send publishes b: on the stream goroutine when it is small (inlineMax),
+// else, or for what that left unsettled, on the publisher goroutine.
+func (st *streamer) send(b batch) {
+	if len(b.items) > inlineMax {
+		st.publish(b)
+		return
+	}
+	if rest := st.r.settleInline(st.pubCtx, b.items); len(rest) > 0 {
+		b.items = rest
+		st.publish(b)
+		return
+	}
+	st.advance(b.end)
 }
 
 // publish hands b to the publisher goroutine.
