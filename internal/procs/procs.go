@@ -68,16 +68,73 @@ type Config struct {
 	// Logger receives a debug line per change. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// cpu and set are the process's CPU time and runtime.GOMAXPROCS;
+	// cpu is the process's CPU time, reg the process's GOMAXPROCS;
 	// tests replace them.
 	cpu func() time.Duration
-	set func(int)
+	reg *registry
+}
+
+// registry is the process's GOMAXPROCS, shared by every controller in it
+// (several relays in one process, as tests run them): it is the most any
+// of them wants, and goes back to what it was before the first started
+// once the last has stopped.
+type registry struct {
+	mu    sync.Mutex
+	set   func(int) // runtime.GOMAXPROCS
+	get   func() int
+	orig  int // before the first controller started
+	cur   int
+	wants map[*int]int
+}
+
+var process = &registry{set: func(n int) { runtime.GOMAXPROCS(n) }, get: func() int { return runtime.GOMAXPROCS(0) }}
+
+// join registers a controller, which wants one P, and returns its key and
+// the GOMAXPROCS the process had before any controller ran.
+func (g *registry) join() (*int, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.wants) == 0 {
+		g.orig, g.cur = g.get(), g.get()
+		g.wants = map[*int]int{}
+	}
+	k := new(int)
+	g.wants[k] = 1
+	g.apply()
+	return k, g.orig
+}
+
+func (g *registry) want(k *int, n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.wants[k] = n
+	g.apply()
+}
+
+func (g *registry) leave(k *int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.wants, k)
+	g.apply()
+}
+
+// apply sets GOMAXPROCS to the most any controller wants, or back to the
+// original when none is left. g.mu is held.
+func (g *registry) apply() {
+	n := g.orig
+	if len(g.wants) > 0 {
+		n = 0
+		for _, w := range g.wants {
+			n = max(n, w)
+		}
+	}
+	if n != g.cur {
+		g.set(n)
+		g.cur = n
+	}
 }
 
 func (c Config) withDefaults() Config {
-	if c.Max <= 0 {
-		c.Max = runtime.GOMAXPROCS(0)
-	}
 	if c.Interval <= 0 {
 		c.Interval = DefaultInterval
 	}
@@ -96,33 +153,36 @@ func (c Config) withDefaults() Config {
 	if c.cpu == nil {
 		c.cpu = cputime.Self
 	}
-	if c.set == nil {
-		c.set = func(n int) { runtime.GOMAXPROCS(n) }
+	if c.reg == nil {
+		c.reg = process
 	}
 	return c
 }
 
-// Start runs the controller until ctx ends or stop is called: it sets
-// GOMAXPROCS to 1 at once and changes it as the samples say; stop waits
-// for it to end and sets GOMAXPROCS back to Max. With Max 1 (one CPU, or
-// GOMAXPROCS=1) there is nothing to adapt: it sets 1 and returns.
+// Start runs the controller until stop is called: it sets GOMAXPROCS to
+// 1 at once and changes it as the samples say; stop waits for it to end
+// and, once no other controller of the process runs, sets GOMAXPROCS back
+// to what it was. With Max 1 (one CPU, or GOMAXPROCS=1) there is nothing
+// to adapt: it stays on one P until stop.
 func Start(ctx context.Context, cfg Config) (stop func()) {
 	cfg = cfg.withDefaults()
-	cfg.set(1)
-	if cfg.Max <= 1 {
-		return func() {}
+	key, orig := cfg.reg.join()
+	if cfg.Max <= 0 {
+		cfg.Max = orig
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { run(ctx, cfg) })
+	if cfg.Max > 1 {
+		wg.Go(func() { run(ctx, cfg, func(n int) { cfg.reg.want(key, n) }) })
+	}
 	return func() {
 		cancel()
 		wg.Wait()
-		cfg.set(cfg.Max)
+		cfg.reg.leave(key)
 	}
 }
 
-func run(ctx context.Context, cfg Config) {
+func run(ctx context.Context, cfg Config, set func(int)) {
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
 	c := newController(cfg, time.Now())
@@ -132,7 +192,7 @@ func run(ctx context.Context, cfg Config) {
 			return
 		case now := <-t.C:
 			if n, changed := c.step(now); changed {
-				cfg.set(n)
+				set(n)
 				cfg.Logger.Debug("relay threads changed", "gomaxprocs", n, "events_per_batch", c.lastPerBatch, "cpu_share", c.lastCPU)
 			}
 		}

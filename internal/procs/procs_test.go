@@ -26,7 +26,7 @@ func (f *fakeRelay) tick(batches, perBatch int64, cpuShare float64) {
 }
 
 func newTestController(f *fakeRelay, start time.Time) *controller {
-	cfg := Config{Sample: f.sample, BatchSize: 5000, Max: 4, cpu: func() time.Duration { return f.cpu }, set: func(int) {}}
+	cfg := Config{Sample: f.sample, BatchSize: 5000, Max: 4, cpu: func() time.Duration { return f.cpu }}
 	return newController(cfg.withDefaults(), start)
 }
 
@@ -96,23 +96,50 @@ func TestControllerIdleRelayStaysOnOneThread(t *testing.T) {
 	}
 }
 
-func TestStartSetsOneThreadAndStopRestoresMax(t *testing.T) {
-	t.Parallel()
+// testRegistry records what it sets; the process has 4 Ps to begin with.
+func testRegistry() (*registry, func() []int) {
 	var (
 		mu  sync.Mutex
-		set []int
+		got []int
 	)
-	f := &fakeRelay{}
-	cfg := Config{Sample: f.sample, BatchSize: 5000, Max: 3, Interval: time.Hour,
-		cpu: func() time.Duration { return 0 },
-		set: func(n int) { mu.Lock(); set = append(set, n); mu.Unlock() }}
-	stop := Start(context.Background(), cfg)
-	stop()
-	require.Equal(t, []int{1, 3}, set)
+	g := &registry{get: func() int { return 4 }, set: func(n int) { mu.Lock(); got = append(got, n); mu.Unlock() }}
+	return g, func() []int { mu.Lock(); defer mu.Unlock(); return append([]int(nil), got...) }
+}
 
-	// One CPU: one thread, no controller.
-	set = nil
-	cfg.Max = 1
-	Start(context.Background(), cfg)()
-	require.Equal(t, []int{1}, set)
+func TestStartSetsOneThreadAndTheLastStopRestoresIt(t *testing.T) {
+	t.Parallel()
+	g, set := testRegistry()
+	f := &fakeRelay{}
+	cfg := Config{Sample: f.sample, BatchSize: 5000, Interval: time.Hour, cpu: func() time.Duration { return 0 }, reg: g}
+	stop := Start(context.Background(), cfg)
+	require.Equal(t, []int{1}, set())
+	stop()
+	require.Equal(t, []int{1, 4}, set())
+
+	// Two relays in one process: the first stop leaves one P to the
+	// other, the second restores the process's own.
+	g, set = testRegistry()
+	cfg.reg = g
+	stopA := Start(context.Background(), cfg)
+	stopB := Start(context.Background(), cfg)
+	stopA()
+	require.Equal(t, []int{1}, set())
+	stopB()
+	require.Equal(t, []int{1, 4}, set())
+}
+
+// With several controllers the process runs on the most any wants.
+func TestRegistryTakesTheMostAnyControllerWants(t *testing.T) {
+	t.Parallel()
+	g, set := testRegistry()
+	a, orig := g.join()
+	require.Equal(t, 4, orig)
+	b, _ := g.join()
+	g.want(a, 4)
+	g.want(b, 1)
+	require.Equal(t, []int{1, 4}, set())
+	g.leave(a)
+	require.Equal(t, []int{1, 4, 1}, set())
+	g.leave(b)
+	require.Equal(t, []int{1, 4, 1, 4}, set())
 }
