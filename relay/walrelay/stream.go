@@ -260,7 +260,7 @@ func (st *streamer) step() error {
 		// Nothing out: a commit or heartbeat with nothing queued before
 		// it is acknowledged at once.
 		st.advanceIdle()
-		if len(st.queue) > 0 && !st.lingering(time.Now()) {
+		if len(st.queue) > 0 && !st.lingering(time.Now()) && !st.unread() {
 			st.send(st.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
 		}
 	}
@@ -302,6 +302,14 @@ func (st *streamer) send(b batch) {
 		return
 	}
 	st.advance(b.end)
+}
+
+// unread reports whether a small queue should wait for the rest of what
+// the last read took in from the socket (one read takes in several
+// transactions, --linger): published on the stream goroutine, the queue
+// would otherwise go out an event at a time, each paying a publish.
+func (st *streamer) unread() bool {
+	return len(st.queue) <= inlineMax && st.conn.Frontend().ReadBufferLen() > 0
 }
 
 // publish hands b to the publisher goroutine.
