@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/outbox/internal/bench"
+	"github.com/pgoutbox/outbox/relay/walrelay"
 )
 
 // newBenchFloorCmd is `outbox bench floor-reader`, hidden: the steady
@@ -38,5 +39,6 @@ func newBenchFloorCmd(g *globals) *cobra.Command {
 	f.StringVar(&cfg.Slot, "slot", "", "the logical replication slot to read (pgoutput)")
 	f.StringVar(&cfg.Publication, "publication", "", "the outbox's publication")
 	f.StringVar(&cfg.TopicPrefix, "topic-prefix", "", "prefix for every topic name")
+	durationVar(f, &cfg.Linger, "linger", walrelay.DefaultLinger, "after a read that took in everything the server sent, wait this long before the next (as relay --linger); 0 produces each transaction as it is read")
 	return cmd
 }

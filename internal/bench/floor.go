@@ -22,7 +22,9 @@ import (
 // measured beside pg_recvlogical in the steady scenario: it reads the
 // slot with pgconn's replication protocol and produces each transaction's
 // inserts to the broker with franz-go, waiting for the acknowledgement
-// before it reads on, on one thread (GOMAXPROCS=1), and does nothing
+// before it reads on (with the relay's default linger, 2 ms, so that one
+// produce request carries the transactions one read took in), on one
+// thread (GOMAXPROCS=1), and does nothing
 // else: no per-aggregate order under failure, no holds or parking, no
 // metrics, no linger, no retries (an error ends it). It is a yardstick,
 // not a mode of the relay: what it costs per event is what any relay that
@@ -40,6 +42,11 @@ type FloorReaderConfig struct {
 	TopicPrefix string
 	// Kafka is the broker.
 	Kafka kafka.ClientConfig
+	// Linger is how long after a read that took in everything the server
+	// had sent the next read waits, as the relay's --linger: the
+	// transactions committed meanwhile then go out in one produce
+	// request. 0 produces each transaction as it is read.
+	Linger time.Duration
 }
 
 // floorStatusInterval is how often the floor reader tells the server the
@@ -91,17 +98,33 @@ func RunFloorReader(ctx context.Context, c FloorReaderConfig) error {
 type floorRelation struct{ id, agg, typ, payload int }
 
 type floorReader struct {
-	cfg        FloorReaderConfig
-	conn       *pgconn.PgConn
-	cl         *kgo.Client
-	rels       map[uint32]floorRelation
+	cfg  FloorReaderConfig
+	conn *pgconn.PgConn
+	cl   *kgo.Client
+	rels map[uint32]floorRelation
+	// recs are the records read, of which the first ready belong to
+	// committed transactions, the last of which ends at end.
 	recs       []*kgo.Record
+	ready      int
+	end        pglogrepl.LSN
 	acked      pglogrepl.LSN
 	lastStatus time.Time
 }
 
 func (f *floorReader) loop(ctx context.Context) error {
+	var read time.Time
 	for {
+		if f.conn.Frontend().ReadBufferLen() == 0 {
+			// Everything read is handled: produce what committed, then
+			// linger before the next read.
+			if err := f.produce(ctx); err != nil {
+				return err
+			}
+			if d := f.cfg.Linger - time.Since(read); f.cfg.Linger > 0 && d > 0 {
+				time.Sleep(d)
+			}
+			read = time.Now()
+		}
 		raw, err := f.conn.ReceiveMessage(context.Background())
 		if err != nil {
 			return fmt.Errorf("floor reader: receive: %w", err)
@@ -181,13 +204,24 @@ func (f *floorReader) apply(ctx context.Context, data []byte) error {
 			Headers: []kgo.RecordHeader{{Key: outbox.HeaderEventID, Value: strconv.AppendInt(nil, id, 10)}, {Key: outbox.HeaderEventType, Value: []byte(typ)}},
 		})
 	case *pglogrepl.CommitMessage:
-		if len(f.recs) > 0 {
-			if err := f.cl.ProduceSync(ctx, f.recs...).FirstErr(); err != nil {
-				return fmt.Errorf("floor reader: produce: %w", err)
-			}
-			f.recs = f.recs[:0]
+		f.ready, f.end = len(f.recs), m.TransactionEndLSN
+		if f.cfg.Linger <= 0 {
+			return f.produce(ctx)
 		}
-		f.acked = m.TransactionEndLSN
 	}
+	return nil
+}
+
+// produce sends the committed transactions' records in one go and waits
+// for the broker's acknowledgement.
+func (f *floorReader) produce(ctx context.Context) error {
+	if f.ready > 0 {
+		if err := f.cl.ProduceSync(ctx, f.recs[:f.ready]...).FirstErr(); err != nil {
+			return fmt.Errorf("floor reader: produce: %w", err)
+		}
+		f.recs = append(f.recs[:0], f.recs[f.ready:]...)
+		f.ready = 0
+	}
+	f.acked = max(f.acked, f.end)
 	return nil
 }

@@ -40,7 +40,7 @@ func steadySources() []steadySource {
 	// pg_recvlogical first: the relays' rows compare with it.
 	return []steadySource{
 		{"recvlogical", "pg_recvlogical on the same kind of slot, to /dev/null"},
-		{"floor", "floor: the cheapest WAL relay (bench only, not a mode: produce each transaction, wait for its ack, one thread)"},
+		{"floor", "floor: the cheapest WAL relay (bench only, not a mode: produce what one read took in, wait for its ack; 2 ms linger, one thread)"},
 		{"poll", "`outbox relay` (polling, defaults)"},
 		{"wal", "`outbox relay --mode wal` (defaults)"},
 	}
@@ -162,7 +162,7 @@ func steadyParams(ctx context.Context, se *steadyEnv, res *Result, server string
 		rs = append(rs, thousands(int64(r))+"/s")
 	}
 	res.param("load", "one event per transaction (BEGIN; Emit; COMMIT) paced at %v for %s by max(%d, rate/200) writers in the bench process, over %s aggregates; one warm-up event first (topic creation, first claim), not counted", rs, se.window, cfg.Writers, thousands(int64(cfg.Aggregates)))
-	res.param("readers", "each its own process, one at a time, connecting as role %s: `outbox relay` and `outbox relay --mode wal` (this binary, defaults, --log-level warn) publishing to the bench's in-process dev broker; the floor (`outbox bench floor-reader`, this binary): the same slot read with pgconn's replication protocol, each transaction's inserts produced with franz-go (the relay's producer options) and its ack awaited before reading on, on one thread, nothing else (no order under failure, holds, metrics, retries): the least a relay that waits for the broker costs on this machine; pg_recvlogical %s", steadyRole, strings.Join(recvlogicalArgs("<slot>", "<publication>", ""), " "))
+	res.param("readers", "each its own process, one at a time, connecting as role %s: `outbox relay` and `outbox relay --mode wal` (this binary, defaults, --log-level warn) publishing to the bench's in-process dev broker; the floor (`outbox bench floor-reader`, this binary): the same slot read with pgconn's replication protocol, the inserts of the transactions one read took in produced with franz-go (the relay's producer options; reads 2 ms apart at most, as the relay's default --linger) and their ack awaited before reading on, on one thread, nothing else (no order under failure, holds, metrics, retries): the least a relay that waits for the broker costs on this machine; pg_recvlogical %s", steadyRole, strings.Join(recvlogicalArgs("<slot>", "<publication>", ""), " "))
 	if cfg.SteadyRelayBinary != "" {
 		res.param("relay binary", "%s (--steady-relay-binary)", cfg.SteadyRelayBinary)
 	}

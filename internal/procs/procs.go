@@ -10,7 +10,7 @@
 // that woke it. Through a backlog the relay's own work (decoding,
 // encoding records) is what bounds it, and a second core is worth having.
 //
-// The controller samples the relay once a second: the events per batch
+// The controller samples the relay twice a second: the events per batch
 // (the source's Stats) and the process's CPU time. A sample whose batches
 // average at least half the batch size, or whose CPU use reaches half a
 // core, is busy: the next change raises GOMAXPROCS to its starting value.
@@ -33,7 +33,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultInterval = time.Second
+	DefaultInterval = 500 * time.Millisecond
 	DefaultHold     = 10 * time.Second
 	DefaultMinGap   = 5 * time.Second
 	// DefaultBusyCPU is the share of one core whose use over a sample
@@ -54,7 +54,7 @@ type Config struct {
 	// called (the GOMAXPROCS environment variable, or the CPUs the
 	// process may use).
 	Max int
-	// Interval between samples. Defaults to DefaultInterval (1s).
+	// Interval between samples. Defaults to DefaultInterval (500ms).
 	Interval time.Duration
 	// Hold is how long without a busy sample before going back to one P.
 	// Defaults to DefaultHold (10s).
