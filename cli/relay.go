@@ -112,7 +112,7 @@ Replicas elect one reader; the others take over within
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the relay to this file until it exits, for 'go tool pprof' (default: none)")
-	f.StringVar(&o.procs, "procs", procsAuto, "threads that run the relay's Go code at once (GOMAXPROCS): auto (one while it follows a trickle, which saves the CPU of waking threads on other cores; all of them from the first second that drains a backlog), all, or a number")
+	f.StringVar(&o.procs, "procs", procsAuto, "threads that run the relay's Go code at once (GOMAXPROCS): auto (one while it follows a trickle, which saves the CPU of waking threads on other cores; all of them from the first half second that drains a backlog), all (GOMAXPROCS, or every CPU), or a number")
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	f.StringVar(&o.sinkURL, "sink", "", "where to publish: a URL whose scheme picks the sink ("+schemeList()+"), e.g. kafka://host:9092; default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
