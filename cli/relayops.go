@@ -33,6 +33,17 @@ type relayOps struct {
 	mon *monitor.Monitor
 	// addr is where the HTTP server listens, once started.
 	addr net.Addr
+	// onRun, when set, is told of the monitor and the source as each
+	// relayer starts running: a process serving several outboxes
+	// serves their metrics and state itself (relayhttp.go).
+	onRun func(mon *monitor.Monitor, src relay.Source)
+}
+
+// running tells onRun that src runs, watched by o.mon.
+func (o *relayOps) running(src relay.Source) {
+	if o.onRun != nil {
+		o.onRun(o.mon, src)
+	}
 }
 
 func (o *relayOps) register(f *pflag.FlagSet) {
@@ -134,6 +145,7 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, wd ops.Wat
 	if err != nil {
 		return nil, err
 	}
+	o.mon = mon
 	stopHTTP := func() {}
 	if o.httpAddr != "" {
 		o.addr, stopHTTP, err = serveHTTP(o.httpAddr, mon.Handler(), rc.Logger, "/metrics /healthz /readyz")
