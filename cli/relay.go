@@ -280,6 +280,9 @@ func (o *relayOptions) check() error {
 			return fmt.Errorf("%s %s: use a positive duration", d.flag, formatDays(d.v))
 		}
 	}
+	if o.cfg.MaxHoldOut < o.cfg.HoldOut {
+		return fmt.Errorf("--max-hold-out %s is below --hold-out %s: raise --max-hold-out or lower --hold-out", formatDays(o.cfg.MaxHoldOut), formatDays(o.cfg.HoldOut))
+	}
 	if o.cfg.BusyPollInterval == 0 {
 		return errors.New("--busy-poll-interval 0: use a positive duration, or a negative one to turn it off")
 	}

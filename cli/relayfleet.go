@@ -142,11 +142,31 @@ func (fl *fleet) open(ctx context.Context, specs []*outboxSpec) error {
 			return fl.outboxError(s, err)
 		}
 		r.sink = sink
+		if err := r.preflight(); err != nil {
+			return fl.outboxError(s, err)
+		}
 		s.o.ops.httpAddr = "" // the fleet serves every outbox's
 		s.o.ops.onRun = r.running
 		fl.runs = append(fl.runs, r)
 	}
 	return nil
+}
+
+// preflight refuses, before anything connects, a configuration the
+// outbox's source would refuse as it starts: in a process of several
+// outboxes, that outbox would otherwise retry it for ever.
+func (r *outboxRun) preflight() error {
+	o := r.spec.o
+	common := o.common
+	common.Pool, common.Sink, common.Tables = r.pool.pool, r.sink.sink, r.spec.tables
+	if o.mode == "wal" {
+		cfg := o.wal.cfg
+		cfg.Common, cfg.Slot, cfg.Publication = common, o.wal.slot, o.wal.publication
+		return cfg.Validate()
+	}
+	cfg := o.cfg
+	cfg.Common = common
+	return cfg.Validate()
 }
 
 // outboxError is err of outbox s, naming it when the process has more.
