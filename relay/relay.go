@@ -196,9 +196,11 @@ type Relayer struct {
 	binary    bool // claimSQL is claimBinarySQL
 	unmarkSQL string
 	holdSQL   string
-	obs       *Observer
-	routing   outbox.Routing // the Sink's, for TopicPrefix
-	wake      chan struct{}
+	// pendingSQL is the idle poll's probe (pause).
+	pendingSQL string
+	obs        *Observer
+	routing    outbox.Routing // the Sink's, for TopicPrefix
+	wake       chan struct{}
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
 }
@@ -266,14 +268,15 @@ func New(cfg Config) (*Relayer, error) {
 		return nil, err
 	}
 	return &Relayer{
-		cfg:       cfg,
-		obs:       obs,
-		routing:   routing,
-		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
-		claimSQL:  render(claimSQL, cfg.Tables),
-		unmarkSQL: render(unmarkSQL, cfg.Tables),
-		holdSQL:   render(holdSQL, cfg.Tables),
-		wake:      make(chan struct{}, 1),
+		cfg:        cfg,
+		obs:        obs,
+		routing:    routing,
+		log:        cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
+		claimSQL:   render(claimSQL, cfg.Tables),
+		unmarkSQL:  render(unmarkSQL, cfg.Tables),
+		holdSQL:    render(holdSQL, cfg.Tables),
+		pendingSQL: render(pendingSQL, cfg.Tables),
+		wake:       make(chan struct{}, 1),
 	}, nil
 }
 
@@ -480,14 +483,36 @@ func (r *Relayer) pause(ctx context.Context, a action, wait time.Duration) bool 
 	case pollLater:
 		timer := time.NewTimer(wait)
 		defer timer.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-r.wake:
-		case <-timer.C:
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-r.wake:
+				return true
+			case <-timer.C:
+			}
+			// An idle relayer's poll (the wait is the poll interval) first
+			// asks whether anything is pending: a claim that finds nothing
+			// costs two round trips and a transaction, the probe one
+			// statement. On a process relaying many idle outboxes, the
+			// polls are most of what it does.
+			if wait < r.cfg.PollInterval || r.anyPending(ctx) {
+				return true
+			}
+			timer.Reset(wait)
 		}
 	}
 	return true
+}
+
+// anyPending reports whether the outbox has a pending row, or the probe
+// failed (the claim then meets the failure, and backs off).
+func (r *Relayer) anyPending(ctx context.Context) bool {
+	var found bool
+	if err := r.cfg.Pool.QueryRow(ctx, r.pendingSQL).Scan(&found); err != nil {
+		return true
+	}
+	return found
 }
 
 // claimed is a batch claimed and marked in its still open transaction.
