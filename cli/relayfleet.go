@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -107,7 +108,7 @@ func (fl *fleet) open(ctx context.Context, specs []*outboxSpec) error {
 	planned, _ := planSharing(specs)
 	for _, p := range planned {
 		cfg := p.specs[0].pool.Copy()
-		cfg.MaxConns = p.maxConns
+		cfg.MaxConns, cfg.MaxConnIdleTime = p.maxConns, poolIdleTime
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return connectError(err, &cfg.ConnConfig.Config)
@@ -192,6 +193,9 @@ func (fl *fleet) run(ctx context.Context) error {
 	errs := make([]error, len(fl.runs))
 	for i, r := range fl.runs {
 		outboxes.Go(func() {
+			if !backoff.Sleep(ctx, fl.startDelay(r)) {
+				return
+			}
 			if errs[i] = r.supervise(ctx, !fl.multi); errs[i] != nil {
 				cancel()
 			}
@@ -202,6 +206,18 @@ func (fl *fleet) run(ctx context.Context) error {
 	stopListeners()
 	listeners.Wait()
 	return errors.Join(errs...)
+}
+
+// startDelay spreads the starts of the outboxes of one pool over a
+// second: started together, they would poll, refresh their gauges and
+// run their watchdogs in step, each time at once, and the pool would open
+// (and the server hold) a connection per outbox for it. The first outbox
+// of each pool starts at once, so one outbox alone starts as it always
+// did.
+func (fl *fleet) startDelay(r *outboxRun) time.Duration {
+	specs := r.pool.specs
+	k := slices.Index(specs, r.spec)
+	return time.Duration(k) * time.Second / time.Duration(len(specs))
 }
 
 func (fl *fleet) close() {

@@ -95,21 +95,7 @@ func (fl *fleet) serveReady(w http.ResponseWriter, req *http.Request) {
 		}
 		runs = runs[i : i+1]
 	}
-	ctx, cancel := context.WithTimeout(req.Context(), monitor.DefaultCheckTimeout)
-	defer cancel()
-	pings := map[*fleetPool]func() error{}
-	for _, r := range runs {
-		if _, ok := pings[r.pool]; !ok {
-			p := r.pool.pool
-			pings[r.pool] = sync.OnceValue(func() error { return p.Ping(ctx) })
-		}
-	}
-	errs := make([]error, len(runs))
-	var wg sync.WaitGroup
-	for i, r := range runs {
-		wg.Go(func() { errs[i] = r.ready(ctx, pings[r.pool]) })
-	}
-	wg.Wait()
+	errs := fl.readiness(req.Context(), runs)
 	var b strings.Builder
 	ready := true
 	for i, r := range runs {
@@ -125,6 +111,27 @@ func (fl *fleet) serveReady(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	fmt.Fprint(w, b.String())
+}
+
+// readiness is each of runs' ready, checked at once, each database
+// pinged once, whatever the number of its outboxes.
+func (fl *fleet) readiness(ctx context.Context, runs []*outboxRun) []error {
+	ctx, cancel := context.WithTimeout(ctx, monitor.DefaultCheckTimeout)
+	defer cancel()
+	pings := map[*fleetPool]func() error{}
+	for _, r := range runs {
+		if _, ok := pings[r.pool]; !ok {
+			p := r.pool.pool
+			pings[r.pool] = sync.OnceValue(func() error { return p.Ping(ctx) })
+		}
+	}
+	errs := make([]error, len(runs))
+	var wg sync.WaitGroup
+	for i, r := range runs {
+		wg.Go(func() { errs[i] = r.ready(ctx, pings[r.pool]) })
+	}
+	wg.Wait()
+	return errs
 }
 
 // ready is nil when the outbox runs, its database answers (ping) and its
@@ -156,7 +163,13 @@ type outboxStatus struct {
 	State string    `json:"state"`
 	Since time.Time `json:"since"`
 	// Error is the last failure, until the outbox runs again.
-	Error    string `json:"error,omitempty"`
+	Error string `json:"error,omitempty"`
+	// Ready is /readyz's answer for the outbox: it runs, its database
+	// answers and its sink can publish; NotReady says why not. A running
+	// relayer rides out an outage of its database or broker, retrying:
+	// it is running, and not ready.
+	Ready    bool   `json:"ready"`
+	NotReady string `json:"not_ready,omitempty"`
 	Restarts int    `json:"restarts"`
 	// Stats are its source's counters since it last started, while it
 	// runs.
@@ -174,10 +187,14 @@ type outboxStats struct {
 }
 
 // serveOutboxes answers /outboxes: each outbox's state and counters.
-func (fl *fleet) serveOutboxes(w http.ResponseWriter, _ *http.Request) {
+func (fl *fleet) serveOutboxes(w http.ResponseWriter, req *http.Request) {
 	out := make([]outboxStatus, 0, len(fl.runs))
-	for _, r := range fl.runs {
-		out = append(out, r.status(fl.scrub))
+	for i, err := range fl.readiness(req.Context(), fl.runs) {
+		st := fl.runs[i].status(fl.scrub)
+		if st.Ready = err == nil; err != nil {
+			st.NotReady = oneLine(fl.scrub.String(err.Error()))
+		}
+		out = append(out, st)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -449,21 +450,21 @@ func (s *outboxSpec) sinkWhat() string {
 	return "kafka on " + s.o.kf.brokers
 }
 
-// poolSize is how many connections the pool of specs' database gets:
-// two per polling outbox (the claim of the next batch overlaps the
-// publishing of a full one), one per WAL outbox (its leader session and
-// stream connect outside the pool; the pool serves its heartbeats,
-// parking and slot reads), and two for every outbox's monitor jobs
-// (gauges, watchdog, cleanup: short queries that rarely overlap). One
-// polling outbox gets 4, as `outbox relay` always gave it.
+// poolSize is how many connections the pool of specs' database may
+// open: one per outbox (a polling outbox's claim, a WAL outbox's
+// heartbeats, parking and slot reads; a WAL outbox's leader session and
+// stream connect outside the pool), and two more: for the monitor jobs
+// (gauges, watchdog, cleanup: short queries, spread over time), and for
+// the claim of a busy outbox's next batch while it publishes a full one
+// (it waits for a connection while the others use theirs). One polling
+// outbox gets 4, as `outbox relay` always gave it. The server holds far
+// fewer while the outboxes idle: connections idle for poolIdleTime are
+// closed.
 func poolSize(specs []*outboxSpec) int32 {
-	n := int32(2)
-	for _, s := range specs {
-		if s.o.mode == "wal" {
-			n++
-		} else {
-			n += 2
-		}
-	}
-	return max(n, 4)
+	return max(int32(len(specs))+2, 4)
 }
+
+// poolIdleTime is how long a pool's connection may stay idle before it is
+// closed: the burst of an outbox start, or of a backlog, does not hold
+// connections on the server for the pool's default half hour.
+const poolIdleTime = time.Minute
