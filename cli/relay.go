@@ -172,7 +172,7 @@ func runRelay(c *cobra.Command, g *globals, o *relayOptions, p *relayProcess) er
 		return err
 	}
 	scrub := newScrubber(file.env)
-	g.stderr = scrub.Writer(g.stderr)
+	g.stdout, g.stderr = scrub.Writer(g.stdout), scrub.Writer(g.stderr)
 	specs, err := fileSpecs(c, g, file)
 	if err != nil {
 		return scrub.Error(err)

@@ -108,7 +108,7 @@ func (fl *fleet) open(ctx context.Context, specs []*outboxSpec) error {
 	planned, _ := planSharing(specs)
 	for _, p := range planned {
 		cfg := p.specs[0].pool.Copy()
-		cfg.MaxConns, cfg.MaxConnIdleTime = p.maxConns, poolIdleTime
+		cfg.MaxConns, cfg.MaxConnIdleTime, cfg.HealthCheckPeriod = p.maxConns, poolIdleTime, poolCheckPeriod
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return connectError(err, &cfg.ConnConfig.Config)

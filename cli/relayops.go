@@ -47,7 +47,7 @@ func (o *relayOps) running(src relay.Source) {
 }
 
 func (o *relayOps) register(f *pflag.FlagSet) {
-	f.StringVar(&o.httpAddr, "http", "", "serve /metrics, /healthz and /readyz on host:port (a bare :port binds 127.0.0.1); off when empty")
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics, /healthz, /readyz and /outboxes on host:port (a bare :port binds 127.0.0.1); off when empty")
 	durationVar(f, &o.cfg.RefreshInterval, "metrics-refresh", monitor.DefaultRefreshInterval, "how often the pending, lag and stuck gauges are read from the database")
 	durationVar(f, &o.cfg.Watchdog.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck (watchdog and outbox_stuck_events)")
 	durationVar(f, &o.cfg.Watchdog.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: a warning and outbox_lag_slo_breached when the oldest pending row is older")

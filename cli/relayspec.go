@@ -464,7 +464,12 @@ func poolSize(specs []*outboxSpec) int32 {
 	return max(int32(len(specs))+2, 4)
 }
 
-// poolIdleTime is how long a pool's connection may stay idle before it is
-// closed: the burst of an outbox start, or of a backlog, does not hold
-// connections on the server for the pool's default half hour.
-const poolIdleTime = time.Minute
+// poolIdleTime is how long a pool's connection may stay idle before it
+// is closed (checked every poolCheckPeriod): the burst of the outboxes'
+// start, or of a backlog, does not hold connections on the server for
+// pgxpool's default half hour. Polls every second keep the connections
+// they need in use.
+const (
+	poolIdleTime    = 30 * time.Second
+	poolCheckPeriod = 10 * time.Second
+)
