@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,19 +33,25 @@ import (
 // multiRate is the busy outbox's load, events per second.
 const multiRate = 200
 
-// multiAppName is the application_name of the relays' connections, by
-// which the scenario counts them on the server.
-const multiAppName = "outbox_bench_multi"
+// The application_names of the relays' connections, by which the
+// scenario counts them on the server.
+const (
+	multiAppName = "outbox_bench_multi"
+	aloneAppName = "outbox_bench_multi_alone"
+)
+
+// aloneTable is the lone relay's busy outbox, in the first database.
+var aloneTable = outbox.Tables{Outbox: "outbox_alone"}.WithDefaults()
 
 // multiEnv is the scenario's databases and outboxes.
 type multiEnv struct {
 	s      *session
-	dbs    []string // database names
-	per    int      // outboxes per database
-	urls   []string // per database, as the relay connects
-	busy   *env     // the busy outbox, for the emitters
-	dir    string   // the relay's config file lives here
-	prefix string   // topic prefix of the run
+	id     string
+	dbs    []string      // database names
+	per    int           // outboxes per database
+	pool   *pgxpool.Pool // the emitters', on the first database
+	dir    string        // the relay's config file lives here
+	prefix string        // topic prefix of the run
 }
 
 func runMulti(ctx context.Context, s *session) (*Result, error) {
@@ -55,46 +61,73 @@ func runMulti(ctx context.Context, s *session) (*Result, error) {
 		res.note("skipped: no outbox command to run (the `outbox bench` CLI provides one: it runs its own binary's `relay`)")
 		return res, nil
 	}
+	if len(cfg.Kafka.Brokers) > 0 {
+		res.note("skipped: the multi scenario needs the bench's dev broker (no --brokers): it stamps produce requests to time them")
+		return res, nil
+	}
 	dbs, per := pick(cfg.Short, 2, 10), pick(cfg.Short, 3, 5)
 	idle, window := pick(cfg.Short, 3*time.Second, 20*time.Second), pick(cfg.Short, 2*time.Second, 20*time.Second)
-	res.param("outboxes", "%d in %d databases of the server (%d tables each, created for the run and dropped after), polling, defaults (LISTEN/NOTIFY, poll interval 1s, metrics refresh 5s, watchdog 1m, cleanup 1h), publishing to the bench's dev broker", dbs*per, dbs, per)
-	res.param("relays", "`outbox relay --config FILE` serving all of them, and `outbox relay` serving the busy outbox alone, each its own process with --log-level warn")
-	res.param("load", "the busy outbox (first table of the first database): one event per transaction at %d events/s for %s; the other outboxes idle", multiRate, window)
-	res.param("measures", "RSS (VmRSS and peak VmHWM, /proc) and server connections (pg_stat_activity, application_name %s) once the relay is idle; idle CPU: user + system time over %s of no load, as %% of one core; commit-to-ack: from the emitter's COMMIT to the dev broker receiving the produce request; \"db down\": the last database refuses connections (ALTER DATABASE ... ALLOW_CONNECTIONS false, its backends terminated)", multiAppName, idle)
+	res.param("outboxes", "%d in %d databases of the server (%d tables each, created for the run and dropped after), polling, defaults (LISTEN/NOTIFY, poll interval 1s, metrics refresh 5s, watchdog 1m, cleanup 1h), publishing to a dev broker of its own", dbs*per, dbs, per)
+	res.param("relays", "`outbox relay --config FILE` serving all of them, and `outbox relay` (flags) serving one more outbox of the first database alone, each its own process with --log-level warn, both running at once: the busy outboxes are measured in the same windows, under the same load of the machine")
+	res.param("load", "each relay's busy outbox (the first table of the first database, and the lone relay's): one event per transaction at %d events/s for %s, both at once, twice: with every database up, then with the last database unreachable (ALTER DATABASE ... ALLOW_CONNECTIONS false, its backends terminated); the other outboxes idle", multiRate, window)
+	res.param("measures", "idle CPU: user + system time over %s of no load, as %% of one core; server connections (pg_stat_activity, by application_name) %s after the start, idle; RSS (VmRSS and peak VmHWM, /proc) at the end; commit-to-ack: from the emitter's COMMIT to the dev broker receiving the produce request", idle, pick(cfg.Short, 0, multiSettled))
 	m, err := newMultiEnv(ctx, s, dbs, per)
 	if err != nil {
 		return nil, err
 	}
 	defer m.close()
-
+	alone, all, err := m.startBoth(ctx)
+	defer func() {
+		for _, r := range []*relayRun{alone, all} {
+			if r != nil {
+				r.close()
+			}
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	if err := m.measure(ctx, []*relayRun{alone, all}, idle, window); err != nil {
+		return nil, err
+	}
 	t := Table{Title: "one relay process for many outboxes", Columns: []string{"relay", "outboxes", "RSS MiB", "peak RSS MiB", "server connections", "of them LISTEN", "idle CPU % of a core", "busy p50 ms", "busy p99 ms", "busy p99 ms, a db down"}}
-	s.progress("multi: the busy outbox alone")
-	alone, err := m.phase(ctx, res, false, idle, window)
-	if err != nil {
-		return res, fmt.Errorf("alone: %w", err)
-	}
-	t.Rows = append(t.Rows, multiRow(res, "alone", "`outbox relay` (flags)", 1, alone))
-	res.Tables = []Table{t}
-	s.progress("multi: %d outboxes in one process", dbs*per)
-	all, err := m.phase(ctx, res, true, idle, window)
-	if err != nil {
-		return res, fmt.Errorf("%d outboxes: %w", dbs*per, err)
-	}
-	t.Rows = append(t.Rows, multiRow(res, "multi", "`outbox relay --config`", dbs*per, all))
+	t.Rows = append(t.Rows, multiRow(res, "alone", "`outbox relay` (flags)", 1, alone.st), multiRow(res, "multi", "`outbox relay --config`", dbs*per, all.st))
 	res.Tables = []Table{t}
 	multiTargets(res)
-	res.note("the machine is shared: load1 was %.2f at the start; latency moves with it more than CPU time does", load1())
+	res.note("the lone relay's \"a db down\" column is its figure in the same window as the other's, whose database is down; its own database is up")
 	return res, nil
+}
+
+// relayRun is one relay process under test, its busy outbox and its
+// broker.
+type relayRun struct {
+	app    string // application_name of its connections
+	busy   outbox.Tables
+	addr   string // its --http
+	b      *broker
+	acks   *ackLog
+	rd     *child
+	p      *outbox.Producer
+	st     multiStats
+	prefix string
+}
+
+func (r *relayRun) close() {
+	if r.rd != nil {
+		r.rd.kill()
+	}
+	if r.b != nil {
+		r.b.close()
+	}
 }
 
 // multiStats is one relay process's figures.
 type multiStats struct {
-	mem                memStatus
-	conns, listens     int64
-	idleCPU            float64 // % of one core
-	lat, latDown       []time.Duration
-	latNote, downNote  string
-	events, eventsDown int64
+	mem               memStatus
+	conns, listens    int64
+	idleCPU           float64 // % of one core
+	lat, latDown      []time.Duration
+	latNote, downNote string
 }
 
 func multiRow(res *Result, key, name string, outboxes int, st multiStats) []string {
@@ -115,8 +148,8 @@ func multiRow(res *Result, key, name string, outboxes int, st multiStats) []stri
 	if st.latDown != nil {
 		down = ms(percentile(st.latDown, 99))
 		res.metric(k+"p99_down_ms", float64(percentile(st.latDown, 99))/float64(time.Millisecond))
-	} else if st.downNote != "" {
-		res.note("%s: latency with a database down not measured: %s", key, st.downNote)
+	} else {
+		res.note("%s: latency in the second window not measured: %s", key, st.downNote)
 	}
 	return []string{name, thousands(int64(outboxes)), fmt.Sprintf("%.1f", mib(st.mem.rss)), fmt.Sprintf("%.1f", mib(st.mem.hwm)),
 		thousands(st.conns), thousands(st.listens), fmt.Sprintf("%.2f", st.idleCPU), p50, p99, down}
@@ -130,34 +163,39 @@ func multiTargets(res *Result) {
 	if v, ok := m["multi.multi.idle_cpu_pct"]; ok {
 		res.target("multi: idle CPU", "< 2% of a core", fmt.Sprintf("%.2f%%", v), v < 2)
 	}
-	alone, ok := m["multi.alone.p99_ms"]
-	if !ok {
-		return
-	}
-	for _, k := range []struct{ key, name string }{{"multi.multi.p99_ms", "others idle"}, {"multi.multi.p99_down_ms", "a database down"}} {
-		if v, ok := m[k.key]; ok {
-			res.target("multi: busy outbox p99, "+k.name, "<= 1.5x alone", fmt.Sprintf("%.2f ms vs %.2f ms alone (%.2fx)", v, alone, v/alone), v <= 1.5*alone)
+	for _, k := range []struct{ key, name string }{{"p99_ms", "others idle"}, {"p99_down_ms", "a database down"}} {
+		v, ok1 := m["multi.multi."+k.key]
+		alone, ok2 := m["multi.alone."+k.key]
+		if ok1 && ok2 {
+			res.target("multi: busy outbox p99, "+k.name, "<= 1.5x alone, same window", fmt.Sprintf("%.2f ms vs %.2f ms alone (%.2fx)", v, alone, v/alone), v <= 1.5*alone)
 		}
 	}
 }
 
-// newMultiEnv creates dbs databases holding per outbox tables each.
+// newMultiEnv creates dbs databases holding per outbox tables each, and
+// the lone relay's table in the first.
 func newMultiEnv(ctx context.Context, s *session, dbs, per int) (*multiEnv, error) {
-	id := randomID()
-	m := &multiEnv{s: s, per: per, prefix: "benchmulti" + id + "_"}
+	m := &multiEnv{s: s, id: randomID(), per: per}
+	m.prefix = "benchmulti" + m.id + "_"
 	var err error
 	if m.dir, err = os.MkdirTemp("", "outbox-bench-multi-"); err != nil {
 		return nil, err
 	}
 	for i := range dbs {
-		name := fmt.Sprintf("bench_multi_%s_%d", id, i)
+		name := fmt.Sprintf("bench_multi_%s_%d", m.id, i)
 		if _, err := s.admin.Exec(ctx, "CREATE DATABASE "+pgident.Quote(name)); err != nil {
 			m.close()
 			return nil, fmt.Errorf("create database %s (the role needs CREATEDB): %w", name, err)
 		}
 		m.dbs = append(m.dbs, name)
-		m.urls = append(m.urls, databaseURL(s.cfg.DatabaseURL, name, multiAppName))
-		if err := migrateTables(ctx, databaseURL(s.cfg.DatabaseURL, name, "outbox_bench"), per); err != nil {
+		tables := make([]outbox.Tables, per)
+		for j := range tables {
+			tables[j] = multiTables(j)
+		}
+		if i == 0 {
+			tables = append(tables, aloneTable)
+		}
+		if err := migrateTables(ctx, databaseURL(s.cfg.DatabaseURL, name, "outbox_bench"), tables); err != nil {
 			m.close()
 			return nil, err
 		}
@@ -167,13 +205,11 @@ func newMultiEnv(ctx context.Context, s *session, dbs, per int) (*multiEnv, erro
 		m.close()
 		return nil, err
 	}
-	pcfg.MaxConns = int32(latencyWriters(s.cfg.Writers, multiRate) + 2)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
+	pcfg.MaxConns = int32(2*latencyWriters(s.cfg.Writers, multiRate) + 2)
+	if m.pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
 		m.close()
 		return nil, err
 	}
-	m.busy = &env{s: s, id: id, schema: outbox.DefaultSchema, tables: multiTables(0), pool: pool}
 	return m, nil
 }
 
@@ -181,19 +217,19 @@ func multiTables(j int) outbox.Tables {
 	return outbox.Tables{Outbox: fmt.Sprintf("outbox_%d", j)}.WithDefaults()
 }
 
-func migrateTables(ctx context.Context, url string, per int) error {
+func migrateTables(ctx context.Context, url string, tables []outbox.Tables) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	for j := range per {
-		mg, err := migrate.New(multiTables(j))
+	for _, t := range tables {
+		mg, err := migrate.New(t)
 		if err != nil {
 			return err
 		}
 		if _, err := mg.Up(ctx, conn); err != nil {
-			return fmt.Errorf("migrate %s: %w", multiTables(j).OutboxIdent(), err)
+			return fmt.Errorf("migrate %s: %w", t.OutboxIdent(), err)
 		}
 	}
 	return nil
@@ -214,8 +250,8 @@ func databaseURL(base, db, app string) string {
 }
 
 func (m *multiEnv) close() {
-	if m.busy != nil {
-		m.busy.pool.Close()
+	if m.pool != nil {
+		m.pool.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -227,72 +263,54 @@ func (m *multiEnv) close() {
 	_ = os.RemoveAll(m.dir)
 }
 
-// phase runs one relay (all outboxes from a config file, or the busy one
-// alone from flags) on a broker of its own and measures it.
-func (m *multiEnv) phase(ctx context.Context, res *Result, all bool, idle, window time.Duration) (st multiStats, err error) {
-	b, err := m.s.startBroker()
-	if err != nil {
-		return st, err
-	}
-	defer b.close()
-	acks := newAckLog()
-	if b.dev == nil {
-		return st, errors.New("the multi scenario needs the bench's dev broker (no --brokers): it stamps produce requests to time them")
-	}
-	b.dev.ControlKey(int16(kmsg.Produce), acks.control)
-	addr, err := freeAddr()
-	if err != nil {
-		return st, err
-	}
-	rd, err := m.startRelay(ctx, b, all, addr)
-	if err != nil {
-		return st, err
-	}
-	defer rd.kill()
-	p, err := outbox.NewProducer(outbox.Config{Tables: m.busy.tables, TopicPrefix: m.prefix})
-	if err != nil {
-		return st, err
-	}
-	if err := m.awaitReady(ctx, rd, addr, func(string) bool { return true }); err != nil {
-		return st, err
-	}
-	// Warm up: one event, through, before anything is counted.
-	if err := emitBusy(ctx, m.busy, p); err != nil {
-		return st, err
-	}
-	if err := awaitAcks(rd, acks, 1, 60*time.Second); err != nil {
-		return st, fmt.Errorf("warm-up: %w", err)
-	}
-	if err := m.measureIdle(ctx, rd, idle, &st); err != nil {
-		return st, err
-	}
-	if st.lat, st.latNote, st.events, err = m.busyLatency(ctx, rd, b, acks, p, window); err != nil {
-		return st, err
-	}
-	if all {
-		if err := m.databaseDown(ctx, rd, addr); err != nil {
-			return st, err
+// startBoth starts the lone relay and the relay of every outbox, each on
+// a dev broker of its own, and waits until each has published a first
+// event of its busy outbox.
+func (m *multiEnv) startBoth(ctx context.Context) (alone, all *relayRun, err error) {
+	alone = &relayRun{app: aloneAppName, busy: aloneTable, prefix: m.prefix + "alone_"}
+	all = &relayRun{app: multiAppName, busy: multiTables(0), prefix: m.prefix + "all_"}
+	for _, r := range []*relayRun{alone, all} {
+		if r.b, err = m.s.startBroker(); err != nil {
+			return alone, all, err
 		}
-		if st.latDown, st.downNote, st.eventsDown, err = m.busyLatency(ctx, rd, b, acks, p, window); err != nil {
-			return st, err
+		r.acks = newAckLog()
+		r.b.dev.ControlKey(int16(kmsg.Produce), r.acks.control)
+		if r.addr, err = freeAddr(); err != nil {
+			return alone, all, err
+		}
+		if r.p, err = outbox.NewProducer(outbox.Config{Tables: r.busy, TopicPrefix: r.prefix}); err != nil {
+			return alone, all, err
 		}
 	}
-	if st.mem, err = rd.memory(); err != nil {
-		return st, err
+	m.s.progress("multi: the lone relay, and the relay of %d outboxes", len(m.dbs)*m.per)
+	if alone.rd, err = startChild(ctx, m.s.cfg, "the lone relay", "relay", "--database-url", databaseURL(m.s.cfg.DatabaseURL, m.dbs[0], aloneAppName),
+		"--table", aloneTable.Outbox, "--brokers", alone.b.addrs(), "--topic-prefix", alone.prefix, "--log-level", "warn", "--http", alone.addr); err != nil {
+		return alone, all, err
 	}
-	return st, rd.stop()
+	if all.rd, err = m.startAll(ctx, all); err != nil {
+		return alone, all, err
+	}
+	for _, r := range []*relayRun{alone, all} {
+		if err := m.awaitReady(ctx, r, func(string) bool { return true }); err != nil {
+			return alone, all, err
+		}
+		// Warm up: one event, through, before anything is counted.
+		if err := m.emitOne(ctx, r); err != nil {
+			return alone, all, err
+		}
+		if err := awaitAcks(r.rd, r.acks, 1, 60*time.Second); err != nil {
+			return alone, all, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	return alone, all, nil
 }
 
-// startRelay starts the relay of all outboxes (a config file) or of the
-// busy one alone (flags), serving --http on addr.
-func (m *multiEnv) startRelay(ctx context.Context, b *broker, all bool, addr string) (*child, error) {
-	if !all {
-		return startChild(ctx, m.s.cfg, "the relay of one outbox", "relay", "--database-url", m.urls[0], "--table", m.busy.tables.Outbox,
-			"--brokers", b.addrs(), "--topic-prefix", m.prefix, "--log-level", "warn", "--http", addr)
-	}
+// startAll starts the relay of every outbox, from a config file.
+func (m *multiEnv) startAll(ctx context.Context, r *relayRun) (*child, error) {
 	var f strings.Builder
-	fmt.Fprintf(&f, "brokers: %q\ntopic-prefix: %q\nlog-level: warn\nhttp: %q\noutboxes:\n", b.addrs(), m.prefix, addr)
-	for i, u := range m.urls {
+	fmt.Fprintf(&f, "brokers: %q\ntopic-prefix: %q\nlog-level: warn\nhttp: %q\noutboxes:\n", r.b.addrs(), r.prefix, r.addr)
+	for i, db := range m.dbs {
+		u := databaseURL(m.s.cfg.DatabaseURL, db, multiAppName)
 		for j := range m.per {
 			fmt.Fprintf(&f, "  - name: %q\n    database-url: %q\n    table: %q\n", fmt.Sprintf("db%d.outbox_%d", i, j), u, multiTables(j).Outbox)
 		}
@@ -304,53 +322,110 @@ func (m *multiEnv) startRelay(ctx context.Context, b *broker, all bool, addr str
 	return startChild(ctx, m.s.cfg, "the relay of every outbox", "relay", "--config", path)
 }
 
-// measureIdle measures the idle relay: connections, then CPU over idle.
-func (m *multiEnv) measureIdle(ctx context.Context, rd *child, idle time.Duration, st *multiStats) error {
-	// Let the start's one-off work (first cleanup and watchdog runs) pass.
-	if err := rd.sleep(3*time.Second, "while settling"); err != nil {
+// multiSettled is how long after its start a relay is measured idle: the
+// start's one-off work (first cleanup and watchdog runs) has passed, and
+// the connections it opened have been idle long enough to be closed (the
+// relay closes those idle for 30s, looking every 10s).
+const multiSettled = 45 * time.Second
+
+// measure measures both relays at once: idle CPU, connections, then the
+// busy outboxes' latencies in two windows, the second with the last
+// database down, then memory; and stops them.
+func (m *multiEnv) measure(ctx context.Context, runs []*relayRun, idle, window time.Duration) error {
+	if err := runs[0].rd.sleep(3*time.Second, "while settling"); err != nil {
 		return err
 	}
-	err := m.s.admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %')
-FROM pg_stat_activity WHERE application_name = $1`, multiAppName).Scan(&st.conns, &st.listens)
-	if err != nil {
-		return err
-	}
-	pid := rd.cmd.Process.Pid
-	c0, err := cputime.Process(pid)
-	if err != nil {
-		return err
+	c0 := make([]time.Duration, len(runs))
+	for i, r := range runs {
+		var err error
+		if c0[i], err = cputime.Process(r.rd.cmd.Process.Pid); err != nil {
+			return err
+		}
 	}
 	start := time.Now()
-	if err := rd.sleep(idle, "while idle"); err != nil {
+	if err := runs[0].rd.sleep(idle, "while idle"); err != nil {
 		return err
 	}
-	c1, err := cputime.Process(pid)
-	if err != nil {
+	for i, r := range runs {
+		c1, err := cputime.Process(r.rd.cmd.Process.Pid)
+		if err != nil {
+			return err
+		}
+		r.st.idleCPU = 100 * float64(c1-c0[i]) / float64(time.Since(start))
+	}
+	last := runs[len(runs)-1].rd.started
+	if wait := time.Until(last.Add(pick(m.s.cfg.Short, 0, multiSettled))); wait > 0 {
+		if err := runs[0].rd.sleep(wait, "while idle"); err != nil {
+			return err
+		}
+	}
+	for _, r := range runs {
+		err := m.s.admin.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %')
+FROM pg_stat_activity WHERE application_name = $1`, r.app).Scan(&r.st.conns, &r.st.listens)
+		if err != nil {
+			return err
+		}
+	}
+	m.s.progress("multi: both busy outboxes at %d events/s", multiRate)
+	if err := m.busyLatencies(ctx, runs, window, func(r *relayRun, lat []time.Duration, note string) { r.st.lat, r.st.latNote = lat, note }); err != nil {
 		return err
 	}
-	st.idleCPU = 100 * float64(c1-c0) / float64(time.Since(start))
+	m.s.progress("multi: again, with a database of the relay of every outbox down")
+	if err := m.databaseDown(ctx, runs[len(runs)-1]); err != nil {
+		return err
+	}
+	if err := m.busyLatencies(ctx, runs, window, func(r *relayRun, lat []time.Duration, note string) { r.st.latDown, r.st.downNote = lat, note }); err != nil {
+		return err
+	}
+	for _, r := range runs {
+		var err error
+		if r.st.mem, err = r.rd.memory(); err != nil {
+			return err
+		}
+		if err := r.rd.stop(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-// busyLatency emits into the busy outbox at multiRate for window and
-// returns the commit-to-ack latencies, sorted.
-func (m *multiEnv) busyLatency(ctx context.Context, rd *child, b *broker, acks *ackLog, p *outbox.Producer, window time.Duration) ([]time.Duration, string, int64, error) {
-	before := acks.count()
-	clock := &ackClock{acked: map[int64]time.Time{}, commited: map[int64]time.Time{}}
-	em, err := emitAtRate(ctx, m.s, m.busy, p, clock, latencyRun{rate: multiRate}, window, latencyWriters(m.s.cfg.Writers, multiRate))
-	if err != nil {
-		return nil, "", 0, err
+// busyLatencies emits into every run's busy outbox at multiRate for
+// window, all at once, and hands each run its commit-to-ack latencies.
+func (m *multiEnv) busyLatencies(ctx context.Context, runs []*relayRun, window time.Duration, set func(*relayRun, []time.Duration, string)) error {
+	type out struct {
+		em    emitOutcome
+		clock *ackClock
+		err   error
 	}
-	if err := awaitAcks(rd, acks, before+em.events, 60*time.Second); err != nil {
-		return nil, "", 0, err
+	outs := make([]out, len(runs))
+	before := make([]int64, len(runs))
+	var wg sync.WaitGroup
+	for i, r := range runs {
+		before[i] = r.acks.count()
+		outs[i].clock = &ackClock{acked: map[int64]time.Time{}, commited: map[int64]time.Time{}}
+		e := &env{s: m.s, id: m.id, schema: outbox.DefaultSchema, tables: r.busy, pool: m.pool}
+		wg.Go(func() {
+			outs[i].em, outs[i].err = emitAtRate(ctx, m.s, e, r.p, outs[i].clock, latencyRun{rate: multiRate}, window, latencyWriters(m.s.cfg.Writers, multiRate))
+		})
 	}
-	lat, note := acks.latencies(ctx, b, m.prefix+"order", clock)
-	return lat, note, em.events, nil
+	wg.Wait()
+	for i, r := range runs {
+		if outs[i].err != nil {
+			return outs[i].err
+		}
+		if err := awaitAcks(r.rd, r.acks, before[i]+outs[i].em.events, 60*time.Second); err != nil {
+			return err
+		}
+		lat, note := r.acks.latencies(ctx, r.b, r.prefix+"order", outs[i].clock)
+		set(r, lat, note)
+	}
+	return nil
 }
 
 // databaseDown makes the last database refuse connections and ends its
-// sessions, and waits until the relay reports its outboxes not ready.
-func (m *multiEnv) databaseDown(ctx context.Context, rd *child, addr string) error {
+// sessions, and waits until the relay of every outbox reports the
+// outboxes on it not ready.
+func (m *multiEnv) databaseDown(ctx context.Context, r *relayRun) error {
 	down := m.dbs[len(m.dbs)-1]
 	if _, err := m.s.admin.Exec(ctx, "ALTER DATABASE "+pgident.Quote(down)+" ALLOW_CONNECTIONS false"); err != nil {
 		return fmt.Errorf("make database %s unreachable: %w", down, err)
@@ -359,27 +434,27 @@ func (m *multiEnv) databaseDown(ctx context.Context, rd *child, addr string) err
 		return err
 	}
 	prefix := fmt.Sprintf("db%d.", len(m.dbs)-1)
-	return m.awaitReady(ctx, rd, addr, func(name string) bool { return !strings.HasPrefix(name, prefix) })
+	return m.awaitReady(ctx, r, func(name string) bool { return !strings.HasPrefix(name, prefix) })
 }
 
-// awaitReady waits until /outboxes shows every outbox ready or not as
-// want says.
-func (m *multiEnv) awaitReady(ctx context.Context, rd *child, addr string, want func(name string) bool) error {
+// awaitReady waits until r's /outboxes shows every outbox ready or not
+// as want says.
+func (m *multiEnv) awaitReady(ctx context.Context, r *relayRun, want func(name string) bool) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	var last string
 	for time.Now().Before(deadline) {
-		ok, got := outboxesReady(ctx, addr, want)
+		ok, got := outboxesReady(ctx, r.addr, want)
 		if ok {
 			return nil
 		}
 		if got != "" {
 			last = got
 		}
-		if err := rd.sleep(200*time.Millisecond, "while starting"); err != nil {
+		if err := r.rd.sleep(200*time.Millisecond, "while starting"); err != nil {
 			return err
 		}
 	}
-	return fmt.Errorf("the outboxes were not ready as expected within 2 minutes: %s", last)
+	return fmt.Errorf("%s: the outboxes were not ready as expected within 2 minutes: %s", r.rd.name, last)
 }
 
 func outboxesReady(ctx context.Context, addr string, want func(name string) bool) (bool, string) {
@@ -409,9 +484,9 @@ func outboxesReady(ctx context.Context, addr string, want func(name string) bool
 	return true, ""
 }
 
-func emitBusy(ctx context.Context, e *env, p *outbox.Producer) error {
-	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := p.Emit(ctx, tx, outbox.Event{AggregateID: [16]byte{1}, Type: "order.placed", Payload: newOrder(0)})
+func (m *multiEnv) emitOne(ctx context.Context, r *relayRun) error {
+	return pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error {
+		_, err := r.p.Emit(ctx, tx, outbox.Event{AggregateID: [16]byte{1}, Type: "order.placed", Payload: newOrder(0)})
 		return err
 	})
 }
