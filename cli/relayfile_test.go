@@ -248,3 +248,35 @@ log-format: json
 		require.NotContains(t, stderr, v)
 	}
 }
+
+// The deploy kit's example config file checks, with its secrets in the
+// environment, and resolves as its comments say: one Kafka client for
+// the four Kafka outboxes, a pool per database.
+func TestDeployKitConfigChecks(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"KAFKA_BROKERS": "kafka-1.internal:9092", "KAFKA_SASL_PASSWORD": "kafka-secret",
+		"PG_PASSWORD_EU": "eu-secret", "PG_PASSWORD_US": "us-secret", "PG_PASSWORD_BILLING": "billing-secret"}
+	code, out, stderr := runEnv(t, env, "relay", "--config", "../deploy/relay.yaml", "--check")
+	require.Equal(t, 0, code, stderr)
+	for _, v := range env {
+		if strings.Contains(v, "secret") {
+			require.NotContains(t, out, v)
+		}
+	}
+	require.Contains(t, out, "5 outbox(es); 3 database pool(s), 1 shared sink client(s); --http 127.0.0.1:9464")
+	require.Contains(t, out, "sink client kafka on ${KAFKA_BROKERS}: shared by shop-eu, shop-us, billing-invoices, billing-payments")
+	require.Contains(t, out, "up to 5 connections for billing-invoices, billing-payments, notifications")
+}
+
+// docs/configuration.md lists every key of the file: a flag added to
+// `outbox relay` is documented there too.
+func TestConfigurationDocListsEveryKey(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/configuration.md")
+	require.NoError(t, err)
+	table := string(doc)[strings.Index(string(doc), "## Every key"):]
+	table = table[:strings.Index(table, "\n## ")]
+	for _, name := range relayFileKeys(relayCmd(t)).names() {
+		require.Contains(t, table, "`"+name+"`", "docs/configuration.md's key table lacks %s", name)
+	}
+}
