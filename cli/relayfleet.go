@@ -75,7 +75,7 @@ type outboxRun struct {
 // options, for what the process has once: --http and --cpuprofile.
 func runFleet(ctx context.Context, g *globals, o *relayOptions, specs []*outboxSpec, log *slog.Logger, scrub scrubber) error {
 	httpAddr, profile := o.ops.httpAddr, o.cpuProfile
-	fl := &fleet{log: log, conns: newSinkConns(), multi: len(specs) > 1, scrub: scrub}
+	fl := &fleet{log: log, conns: newSinkConns(log), multi: len(specs) > 1, scrub: scrub}
 	defer fl.close()
 	if err := fl.open(ctx, specs); err != nil {
 		return err

@@ -48,6 +48,9 @@ type sinkConns struct {
 	mu    sync.Mutex
 	users map[string]int
 	open  map[string]*sharedConn
+	// log is the process's logger, for what a shared client logs: it
+	// serves more than the outbox that opened it.
+	log *slog.Logger
 }
 
 type sharedConn struct {
@@ -56,8 +59,17 @@ type sharedConn struct {
 	close func()
 }
 
-func newSinkConns() *sinkConns {
-	return &sinkConns{users: map[string]int{}, open: map[string]*sharedConn{}}
+func newSinkConns(log *slog.Logger) *sinkConns {
+	return &sinkConns{users: map[string]int{}, open: map[string]*sharedConn{}, log: log}
+}
+
+// clientLog is the logger of the client env's sink opens: the process's
+// when the client is shared, else the outbox's.
+func (env sinkEnv) clientLog() *slog.Logger {
+	if env.conns != nil && env.key != "" && env.conns.log != nil {
+		return env.conns.log
+	}
+	return env.log
 }
 
 // want counts one more outbox that will use key.
@@ -225,7 +237,7 @@ func openKafkaURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error
 func openKafka(cfg kafka.ClientConfig, env sinkEnv) (openedSink, error) {
 	shared := env.conns.sharedBy(env.key) > 1
 	v, release, err := env.conns.get(env.key, func() (any, func(), error) {
-		client, err := kafkaClient(cfg, env.deliver, env.log, shared)
+		client, err := kafkaClient(cfg, env.deliver, env.clientLog(), shared)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -108,7 +108,7 @@ func openNATSURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error)
 	if err != nil {
 		return openedSink{}, err
 	}
-	log := env.log.With("sink", "nats")
+	log := env.clientLog().With("sink", "nats")
 	v, release, err := env.conns.get(env.key, func() (any, func(), error) {
 		nc, err := dialNATS(c, log)
 		if err != nil {
