@@ -98,17 +98,16 @@ func (k *kafkaFlags) optionalBrokersConfig(log *slog.Logger) (kafka.ClientConfig
 	return cfg, k.check(cfg, log)
 }
 
-// kafkaSink is the relay's Kafka sink: a publisher client of cfg whose
-// records wait at most deliver for the broker, and the Publisher of pcfg
-// on it. The caller closes the client.
-func kafkaSink(cfg kafka.ClientConfig, pcfg kafkapub.PublisherConfig, deliver time.Duration, log *slog.Logger) (*kafkapub.Publisher, *kgo.Client, error) {
+// kafkaClient is the relay's Kafka client: records wait at most deliver
+// for the broker; shared builds it for several outboxes' publishers
+// (kafkapub.NewSharedPublisherClient). The caller closes it.
+func kafkaClient(cfg kafka.ClientConfig, deliver time.Duration, log *slog.Logger, shared bool) (*kgo.Client, error) {
 	cfg.Opts = append(cfg.Opts, kgo.RecordDeliveryTimeout(deliver))
-	cfg.Logger, pcfg.Logger = log, log
-	client, err := kafkapub.NewPublisherClient(cfg)
-	if err != nil {
-		return nil, nil, err
+	cfg.Logger = log
+	if shared {
+		return kafkapub.NewSharedPublisherClient(cfg)
 	}
-	return kafkapub.NewPublisher(client, pcfg), client, nil
+	return kafkapub.NewPublisherClient(cfg)
 }
 
 // ping checks that a broker answers, with an error that says what to do.

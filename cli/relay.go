@@ -53,6 +53,7 @@ type relayOptions struct {
 
 func newRelayCmd(g *globals) *cobra.Command {
 	var o relayOptions
+	var p relayProcess
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Publish committed outbox events to Kafka (run any number of replicas)",
@@ -84,14 +85,31 @@ and the slot (--publication, --slot; default outbox_<database>_<table>_<hash>) w
 --setup-only creates them, prints them and exits; --teardown drops them
 and exits ('outbox switch' moves an outbox between the two sources).
 Replicas elect one reader; the others take over within
---leader-poll-interval of its death.`,
+--leader-poll-interval of its death.
+
+--config FILE relays the outboxes a YAML file describes, each with its own
+database, table, source and sink, in one process: its keys are these
+flags' names, its top level holds every outbox's defaults, and its
+outboxes list each outbox's own settings; ${NAME} reads an environment
+variable. Flags given here override the file's top level. --check checks
+the file and prints what it resolves to, without connecting
+(docs/configuration.md).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			o.cleanupBatchFlag = flagAsGiven(c.Flags(), "cleanup-batch-size", "cleanup-batch")
-			return runRelay(c.Context(), g, &o, c.Flags())
+			return runRelay(c, g, &o, &p)
 		},
 	}
 	f := cmd.Flags()
+	o.register(f, g)
+	f.StringVar(&p.config, "config", "", "relay the outboxes a YAML file describes, in one process (its keys are these flags' names; docs/configuration.md); flags given here override its top level")
+	f.BoolVar(&p.check, "check", false, "with --config: check the file and print the outboxes it resolves to (secrets hidden), without connecting; exit 1 on an error")
+	return cmd
+}
+
+// register registers the flags of one outbox's relay on f: g's database
+// flags and o's. `outbox relay` registers them once; a config file's
+// every outbox has its own set (relayspec.go).
+func (o *relayOptions) register(f *pflag.FlagSet, g *globals) {
 	g.addDBFlags(f)
 	o.kf.register(f)
 	o.ops.register(f)
@@ -119,79 +137,58 @@ Replicas elect one reader; the others take over within
 	o.contracts.register(f, "each event of a type with a contract is checked before it is sent, and one that breaks it is held (reason contract; --mode wal: parked) until fixed and retried (docs/contracts.md)")
 	o.ce.register(f)
 	o.wal.register(f)
-	return cmd
 }
 
-// runRelay runs `outbox relay` with the flags in o until ctx is cancelled.
-func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet) error {
+// relayProcess are the flags of `outbox relay` that no outbox has: which
+// config file to read, and whether only to check it.
+type relayProcess struct {
+	config string
+	check  bool
+}
+
+// runRelay runs `outbox relay` until its context is cancelled: the one
+// outbox its flags name, or those of --config's file (relayspec.go), in
+// one fleet (relayfleet.go) either way.
+func runRelay(c *cobra.Command, g *globals, o *relayOptions, p *relayProcess) error {
+	ctx := c.Context()
+	if p.config == "" {
+		if p.check {
+			return errors.New("--check checks a config file: add --config FILE")
+		}
+		spec, err := flagSpec(ctx, g, o, c.Flags())
+		if err != nil || spec == nil { // nil: a --mode wal action ran
+			return err
+		}
+		log, err := g.logger()
+		if err != nil {
+			return err
+		}
+		return runFleet(ctx, g, o, []*outboxSpec{spec}, log, scrubber{})
+	}
+	for _, action := range []string{"setup-only", "teardown"} {
+		if c.Flags().Changed(action) {
+			return fmt.Errorf("--%s acts on one outbox: run it without --config, with that outbox's flags", action)
+		}
+	}
+	file, err := readRelayFile(p.config, relayFileKeys(c), g.getenv)
+	if err != nil {
+		return err
+	}
+	scrub := newScrubber(file.env)
+	g.stdout, g.stderr = scrub.Writer(g.stdout), scrub.Writer(g.stderr)
+	specs, err := fileSpecs(c, g, file)
+	if err != nil {
+		return scrub.Error(err)
+	}
+	if p.check {
+		printConfigCheck(g, file, specs, o)
+		return nil
+	}
 	log, err := g.logger()
 	if err != nil {
 		return err
 	}
-	t, err := g.tables()
-	if err != nil {
-		return err
-	}
-	if err := o.check(); err != nil {
-		return err
-	}
-	if err := o.checkMode(); err != nil {
-		return err
-	}
-	if err := o.checkProcs(); err != nil {
-		return err
-	}
-	if o.mode == "wal" {
-		switch {
-		case o.wal.teardown:
-			return runWALTeardown(ctx, g, o, log)
-		case o.wal.setupOnly:
-			return runWALSetupOnly(ctx, g, o)
-		}
-		if err := o.wal.check(); err != nil {
-			return err
-		}
-	}
-	if err := o.checkSink(); err != nil {
-		return err
-	}
-	if o.ceCfg, err = o.ce.config(o.pcfg.Source, g.databaseURL, t); err != nil {
-		return err
-	}
-	set, err := o.contracts.load()
-	if err != nil {
-		return err
-	}
-	sink, err := o.openSink(ctx, f, log)
-	if err != nil {
-		return err
-	}
-	defer sink.close()
-	pool, err := g.connect(ctx, 4)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := sink.ping(ctx); err != nil {
-		return err
-	}
-	if o.cpuProfile != "" {
-		stop, err := startCPUProfile(o.cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-	common := o.common
-	common.Pool, common.Sink, common.Tables, common.Logger = pool, sink.sink, t, log
-	if set != nil { // a nil *contracts.Set in the interface would not be nil
-		common.Contracts = set
-		log.Info("relay checks events against their contracts", "contracts", set.Dir, "types", len(set.Types()), "require", set.Require)
-	}
-	if o.mode == "wal" {
-		return runWALRelay(ctx, o, common)
-	}
-	return runPollRelay(ctx, o, common)
+	return scrub.Error(runFleet(ctx, g, o, specs, log, scrub))
 }
 
 // startCPUProfile profiles this process into path until stop is called.
@@ -235,13 +232,15 @@ func (o *relayOptions) checkSink() error {
 }
 
 // runPollRelay runs the polling relay with common, and the watchdog and
-// cleanup jobs beside it, until ctx ends.
-func runPollRelay(ctx context.Context, o *relayOptions, common relay.Common) error {
-	o.cfg.Common = common
-	if err := o.ops.instrument(&o.cfg); err != nil {
+// cleanup jobs beside it, until ctx ends. listener, when not nil, is the
+// LISTEN connection it shares with the other outboxes of its database.
+func runPollRelay(ctx context.Context, o *relayOptions, common relay.Common, listener *relay.Listener) error {
+	cfg := o.cfg
+	cfg.Common, cfg.Listener = common, listener
+	if err := o.ops.instrument(&cfg); err != nil {
 		return err
 	}
-	r, err := relay.New(o.cfg)
+	r, err := relay.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -255,6 +254,7 @@ func runPollRelay(ctx context.Context, o *relayOptions, common relay.Common) err
 		return err
 	}
 	defer stopOps()
+	o.ops.running(r)
 	defer o.startProcs(ctx, r, common)()
 	return r.Run(ctx)
 }
@@ -283,6 +283,9 @@ func (o *relayOptions) check() error {
 		if d.v <= 0 {
 			return fmt.Errorf("%s %s: use a positive duration", d.flag, formatDays(d.v))
 		}
+	}
+	if o.cfg.MaxHoldOut < o.cfg.HoldOut {
+		return fmt.Errorf("--max-hold-out %s is below --hold-out %s: raise --max-hold-out or lower --hold-out", formatDays(o.cfg.MaxHoldOut), formatDays(o.cfg.HoldOut))
 	}
 	if o.cfg.BusyPollInterval == 0 {
 		return errors.New("--busy-poll-interval 0: use a positive duration, or a negative one to turn it off")

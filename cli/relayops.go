@@ -33,10 +33,21 @@ type relayOps struct {
 	mon *monitor.Monitor
 	// addr is where the HTTP server listens, once started.
 	addr net.Addr
+	// onRun, when set, is told of the monitor and the source as each
+	// relayer starts running: a process serving several outboxes
+	// serves their metrics and state itself (relayhttp.go).
+	onRun func(mon *monitor.Monitor, src relay.Source)
+}
+
+// running tells onRun that src runs, watched by o.mon.
+func (o *relayOps) running(src relay.Source) {
+	if o.onRun != nil {
+		o.onRun(o.mon, src)
+	}
 }
 
 func (o *relayOps) register(f *pflag.FlagSet) {
-	f.StringVar(&o.httpAddr, "http", "", "serve /metrics, /healthz and /readyz on host:port (a bare :port binds 127.0.0.1); off when empty")
+	f.StringVar(&o.httpAddr, "http", "", "serve /metrics, /healthz, /readyz and /outboxes on host:port (a bare :port binds 127.0.0.1); off when empty")
 	durationVar(f, &o.cfg.RefreshInterval, "metrics-refresh", monitor.DefaultRefreshInterval, "how often the pending, lag and stuck gauges are read from the database")
 	durationVar(f, &o.cfg.Watchdog.StuckAfter, "stuck-after", ops.DefaultStuckAfter, "rows pending longer than this are stuck (watchdog and outbox_stuck_events)")
 	durationVar(f, &o.cfg.Watchdog.MaxLag, "max-lag", ops.DefaultMaxLag, "lag SLO: a warning and outbox_lag_slo_breached when the oldest pending row is older")
@@ -134,6 +145,7 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, wd ops.Wat
 	if err != nil {
 		return nil, err
 	}
+	o.mon = mon
 	stopHTTP := func() {}
 	if o.httpAddr != "" {
 		o.addr, stopHTTP, err = serveHTTP(o.httpAddr, mon.Handler(), rc.Logger, "/metrics /healthz /readyz")

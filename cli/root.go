@@ -26,7 +26,12 @@ import (
 
 // Main runs the CLI with args and returns the process exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
-	root := NewRoot(stdout, stderr)
+	return execute(NewRoot(stdout, stderr), args, stderr)
+}
+
+// execute runs root with args until SIGINT or SIGTERM and returns the
+// exit code, having printed the error, if any, on stderr.
+func execute(root *cobra.Command, args []string, stderr io.Writer) int {
 	root.SetArgs(args)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -83,11 +88,24 @@ type globals struct {
 	processed      string
 	logLevel       string
 	logFormat      string
+	// lookupEnv reads the environment variables a config file references
+	// (relayfile.go); nil means os.LookupEnv. Tests set their own.
+	lookupEnv func(string) (string, bool)
+}
+
+func (g *globals) getenv(name string) (string, bool) {
+	if g.lookupEnv != nil {
+		return g.lookupEnv(name)
+	}
+	return os.LookupEnv(name)
 }
 
 // NewRoot builds the command tree.
 func NewRoot(stdout, stderr io.Writer) *cobra.Command {
-	g := &globals{stdout: stdout, stderr: stderr}
+	return newRoot(&globals{stdout: stdout, stderr: stderr})
+}
+
+func newRoot(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "outbox",
 		Short: "Transactional outbox for Postgres: write a row and publish an event, atomically",
@@ -122,8 +140,8 @@ Configuration comes from flags, with environment fallbacks:
 			return startTracing(c, log)
 		},
 	}
-	root.SetOut(stdout)
-	root.SetErr(stderr)
+	root.SetOut(g.stdout)
+	root.SetErr(g.stderr)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%s (see '%s --help')", suggestFlag(c, err), c.CommandPath())
 	})
@@ -146,7 +164,7 @@ Configuration comes from flags, with environment fallbacks:
 		newBenchCmd(g),
 		newContractsCmd(g),
 	)
-	warnOnStderr(root, stderr)
+	warnOnStderr(root, g.stderr)
 	return root
 }
 

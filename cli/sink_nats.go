@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"slices"
@@ -107,9 +108,35 @@ func openNATSURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error)
 	if err != nil {
 		return openedSink{}, err
 	}
-	log := env.log.With("sink", "nats")
+	log := env.clientLog().With("sink", "nats")
+	v, release, err := env.conns.get(env.key, func() (any, func(), error) {
+		nc, err := dialNATS(c, log)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--sink %s: %s", u.Redacted(), oneLine(err.Error()))
+		}
+		return nc, nc.Close, nil
+	})
+	if err != nil {
+		return openedSink{}, err
+	}
+	nc := v.(*nats.Conn)
+	c.pub.Source, c.pub.AckTimeout, c.pub.Logger, c.pub.CloudEvents = env.source, env.deliver, env.log, env.ce
+	pub, err := natspub.New(nc, c.pub)
+	if err != nil {
+		release()
+		return openedSink{}, err
+	}
+	return openedSink{
+		sink:  pub,
+		ping:  func(ctx context.Context) error { return pingNATS(ctx, nc, u) },
+		close: release,
+	}, nil
+}
+
+// dialNATS connects to c's servers, and keeps reconnecting: up at start
+// or not, the relay keeps trying, and its ping reports.
+func dialNATS(c natsSinkConfig, log *slog.Logger) (*nats.Conn, error) {
 	opts := append(c.opts,
-		// Up at start or not, the relay keeps trying; ping reports.
 		nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if err != nil {
@@ -119,21 +146,7 @@ func openNATSURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error)
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS connection restored", "url", nc.ConnectedUrlRedacted()) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Warn("NATS error", "error", err) }),
 	)
-	nc, err := nats.Connect(strings.Join(c.servers, ","), opts...)
-	if err != nil {
-		return openedSink{}, fmt.Errorf("--sink %s: %s", u.Redacted(), oneLine(err.Error()))
-	}
-	c.pub.Source, c.pub.AckTimeout, c.pub.Logger, c.pub.CloudEvents = env.source, env.deliver, env.log, env.ce
-	pub, err := natspub.New(nc, c.pub)
-	if err != nil {
-		nc.Close()
-		return openedSink{}, err
-	}
-	return openedSink{
-		sink:  pub,
-		ping:  func(ctx context.Context) error { return pingNATS(ctx, nc, u) },
-		close: nc.Close,
-	}, nil
+	return nats.Connect(strings.Join(c.servers, ","), opts...)
 }
 
 // pingNATS checks that JetStream answers, with an error that says what to

@@ -40,10 +40,17 @@ func openRedisURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error
 	if !q.Has("write_timeout") {
 		opts.WriteTimeout = env.deliver
 	}
-	client := redis.NewClient(opts)
+	v, release, err := env.conns.get(env.key, func() (any, func(), error) {
+		client := redis.NewClient(opts)
+		return client, func() { client.Close() }, nil
+	})
+	if err != nil {
+		return openedSink{}, err
+	}
+	client := v.(*redis.Client)
 	pub, err := redispub.New(client, cfg)
 	if err != nil {
-		client.Close()
+		release()
 		return openedSink{}, fmt.Errorf("--sink: %w", err)
 	}
 	addr := opts.Addr
@@ -59,6 +66,6 @@ func openRedisURL(_ context.Context, u *url.URL, env sinkEnv) (openedSink, error
 			}
 			return nil
 		},
-		close: func() { client.Close() },
+		close: release,
 	}, nil
 }

@@ -30,7 +30,6 @@ import (
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/clip"
-	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay/internal/rowheaders"
 )
@@ -87,6 +86,12 @@ type Config struct {
 	// that follows within 10ms (the busy poll while events flow). Defaults
 	// to false.
 	DisablePipelining bool
+	// Listener, when set, wakes the relayer from a LISTEN connection it
+	// shares with the relayers of other outboxes of the same database
+	// (NewListener, with these Tables among its own; the caller runs it).
+	// Ignored with PollOnly. Defaults to nil: the relayer opens a LISTEN
+	// connection of its own.
+	Listener *Listener
 }
 
 // BatchResult describes one claim-publish-mark cycle. For the WAL source
@@ -191,9 +196,11 @@ type Relayer struct {
 	binary    bool // claimSQL is claimBinarySQL
 	unmarkSQL string
 	holdSQL   string
-	obs       *Observer
-	routing   outbox.Routing // the Sink's, for TopicPrefix
-	wake      chan struct{}
+	// pendingSQL is the idle poll's probe (pause).
+	pendingSQL string
+	obs        *Observer
+	routing    outbox.Routing // the Sink's, for TopicPrefix
+	wake       chan struct{}
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
 }
@@ -237,6 +244,9 @@ func (cfg Config) Validate() error {
 	}); err != nil {
 		return err
 	}
+	if cfg.Listener != nil && !cfg.PollOnly && !cfg.Listener.listens(cfg.Tables) {
+		return errNotListened
+	}
 	if cfg.MaxHoldOut < cfg.HoldOut {
 		return fmt.Errorf("relay: MaxHoldOut (%s) is below HoldOut (%s); raise MaxHoldOut or lower HoldOut", cfg.MaxHoldOut, cfg.HoldOut)
 	}
@@ -258,14 +268,15 @@ func New(cfg Config) (*Relayer, error) {
 		return nil, err
 	}
 	return &Relayer{
-		cfg:       cfg,
-		obs:       obs,
-		routing:   routing,
-		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
-		claimSQL:  render(claimSQL, cfg.Tables),
-		unmarkSQL: render(unmarkSQL, cfg.Tables),
-		holdSQL:   render(holdSQL, cfg.Tables),
-		wake:      make(chan struct{}, 1),
+		cfg:        cfg,
+		obs:        obs,
+		routing:    routing,
+		log:        cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
+		claimSQL:   render(claimSQL, cfg.Tables),
+		unmarkSQL:  render(unmarkSQL, cfg.Tables),
+		holdSQL:    render(holdSQL, cfg.Tables),
+		pendingSQL: render(pendingSQL, cfg.Tables),
+		wake:       make(chan struct{}, 1),
 	}, nil
 }
 
@@ -302,10 +313,8 @@ func (r *Relayer) Run(ctx context.Context) error {
 	defer stopBatchCtx()
 
 	var wg sync.WaitGroup
-	if !r.cfg.PollOnly {
-		wg.Go(func() { r.listen(ctx) })
-	}
 	defer wg.Wait()
+	defer r.listen(ctx, &wg)()
 
 	r.log.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval, "busy_poll_interval", r.cfg.BusyPollInterval, "poll_only", r.cfg.PollOnly)
 	defer r.log.Info("relay stopped")
@@ -361,6 +370,21 @@ func (r *Relayer) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// listen wakes the relayer on its outbox's notifications, through
+// Config.Listener or a Listener of its own that wg runs until ctx ends;
+// stop unsubscribes. A poll-only relayer listens to nothing.
+func (r *Relayer) listen(ctx context.Context, wg *sync.WaitGroup) (stop func()) {
+	if r.cfg.PollOnly {
+		return func() {}
+	}
+	l := r.cfg.Listener
+	if l == nil {
+		l = NewListener(r.cfg.Pool, r.log, r.cfg.Tables)
+		wg.Go(func() { l.run(ctx, r.cfg.BackoffMin, r.cfg.BackoffMax) })
+	}
+	return l.subscribe(r.cfg.Tables.Channel(), r.wake)
 }
 
 // maxHeldCommit is the longest pause a batch's COMMIT waits for, to go in
@@ -459,14 +483,36 @@ func (r *Relayer) pause(ctx context.Context, a action, wait time.Duration) bool 
 	case pollLater:
 		timer := time.NewTimer(wait)
 		defer timer.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-r.wake:
-		case <-timer.C:
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-r.wake:
+				return true
+			case <-timer.C:
+			}
+			// An idle relayer's poll (the wait is the poll interval) first
+			// asks whether anything is pending: a claim that finds nothing
+			// costs two round trips and a transaction, the probe one
+			// statement. On a process relaying many idle outboxes, the
+			// polls are most of what it does.
+			if wait < r.cfg.PollInterval || r.anyPending(ctx) {
+				return true
+			}
+			timer.Reset(wait)
 		}
 	}
 	return true
+}
+
+// anyPending reports whether the outbox has a pending row, or the probe
+// failed (the claim then meets the failure, and backs off).
+func (r *Relayer) anyPending(ctx context.Context) bool {
+	var found bool
+	if err := r.cfg.Pool.QueryRow(ctx, r.pendingSQL).Scan(&found); err != nil {
+		return true
+	}
+	return found
 }
 
 // claimed is a batch claimed and marked in its still open transaction.
@@ -930,47 +976,4 @@ func (r *Relayer) claim(rows pgx.Rows) ([]Message, map[int64]error, int, error) 
 	}
 	slices.SortFunc(msgs, func(a, b Message) int { return cmp.Compare(a.ID, b.ID) })
 	return msgs, bad, int(locked), nil
-}
-
-// listen holds a LISTEN connection and turns notifications into wake-ups,
-// reconnecting with backoff. While it is down the relayer still polls.
-func (r *Relayer) listen(ctx context.Context) {
-	channel := r.cfg.Tables.Channel()
-	failures := 0
-	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := pgx.ConnectConfig(ctx, r.cfg.Pool.Config().ConnConfig.Copy())
-			if err != nil {
-				return err
-			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			if _, err := conn.Exec(ctx, "LISTEN "+pgident.Quote(channel)); err != nil {
-				return err
-			}
-			failures = 0
-			r.notify() // rows may have come while we were not listening
-			for {
-				if _, err := conn.WaitForNotification(ctx); err != nil {
-					return err
-				}
-				r.notify()
-			}
-		}()
-		if ctx.Err() != nil {
-			return
-		}
-		failures++
-		d := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, failures)
-		r.log.Warn("relay listener lost its connection; polling until it is back", "err", err, "retry_in", d.Round(time.Millisecond))
-		if !backoff.Sleep(ctx, d) {
-			return
-		}
-	}
-}
-
-func (r *Relayer) notify() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
 }

@@ -189,8 +189,16 @@ ON CONFLICT (event_id) DO UPDATE
   WHERE f.held_until IS NULL OR f.held_until <= now()
 RETURNING event_id, attempts, held_until`
 
+// pendingSQL tells an idle relayer whether any row is pending, before it
+// opens a claim's transaction: one probe of the pending index (id) WHERE
+// dispatched_at IS NULL, without a lock or a transaction of its own. A
+// row that is held (holdSQL) counts: the claim decides whether it is
+// still held.
+const pendingSQL = `SELECT EXISTS (SELECT 1 FROM {{outbox}} WHERE dispatched_at IS NULL)`
+
 var _ = sqltext.Register("relay", map[string]string{
 	"claimSQL": claimSQL, "claimBinarySQL": claimBinarySQL, "claimBegin": claimBegin, "unmarkSQL": unmarkSQL, "holdSQL": holdSQL,
+	"pendingSQL": pendingSQL,
 })
 
 // render fills a statement's placeholders ({{outbox}}, {{failures}}) with

@@ -204,6 +204,7 @@ func Scenarios() []Scenario {
 		{"webhook", "drain to a loopback webhook endpoint vs net/http alone, and commit-to-2xx latency at 1,000 events/s", false, runWebhook},
 		{"amqp", "RabbitMQ: drain through amqppub vs amqp091-go alone with the same durability, and commit-to-confirm latency at 1,000 events/s", false, runAMQP},
 		{"steady", "CPU per event of `outbox relay` (polling and --mode wal) and of pg_recvlogical, each its own process, under one-event transactions at 1,000 and 10,000/s; commit-to-ack p50/p99; the server's cost (backend CPU, pg_stat_statements) on a throwaway wal_level=logical cluster", false, runSteady},
+		{"multi", "one `outbox relay --config` process serving 50 outboxes in 10 databases (created and dropped): RSS, server connections, idle CPU, and one busy outbox's commit-to-ack p99 at 200 events/s with the others idle and with one database unreachable, against a relay of that outbox alone", false, runMulti},
 		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them, and of an `outbox relay --mode wal` process streaming 1M events (with its slot lag)", true, runMemory},
 	}
 }

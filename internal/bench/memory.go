@@ -315,10 +315,11 @@ func caughtUp(ctx context.Context, adm *kadm.Client, group, topic string) (bool,
 
 // child is an outbox CLI process the scenario measures.
 type child struct {
-	name   string
-	cmd    *exec.Cmd
-	exited chan error
-	done   bool
+	name    string
+	cmd     *exec.Cmd
+	exited  chan error
+	done    bool
+	started time.Time
 }
 
 func startChild(ctx context.Context, cfg Config, name string, args ...string) (*child, error) {
@@ -327,7 +328,7 @@ func startChild(ctx context.Context, cfg Config, name string, args ...string) (*
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	c := &child{name: name, cmd: cmd, exited: make(chan error, 1)}
+	c := &child{name: name, cmd: cmd, exited: make(chan error, 1), started: time.Now()}
 	go func() { c.exited <- cmd.Wait() }()
 	return c, nil
 }

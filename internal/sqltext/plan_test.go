@@ -48,7 +48,7 @@ func TestEveryStatementRenders(t *testing.T) {
 // scan would make them cost the table's size, which grows with retention,
 // instead of the backlog's or the batch's.
 var noOutboxSeqScan = map[string]bool{
-	"relay.claimSQL": true, "relay.claimBinarySQL": true, "relay.unmarkSQL": true, "migrate.binaryRowsSQL": true,
+	"relay.claimSQL": true, "relay.claimBinarySQL": true, "relay.unmarkSQL": true, "relay.pendingSQL": true, "migrate.binaryRowsSQL": true,
 	"ops.lagSQL": true, "ops.heldSQL": true, "ops.stuckSQL": true, "ops.rateSQL": true,
 	"ops.idProbeSQL": true, "ops.idRangeSQL": true,
 	"ops.outboxCleanupSQL": true, "ops.pruneFailuresSQL": true,

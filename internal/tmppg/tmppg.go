@@ -140,16 +140,29 @@ func (c *Cluster) start(ctx context.Context) error {
 // down, and starts it again on the same port and data, for tests of
 // outages. It returns once the server accepts connections.
 func (c *Cluster) Restart(ctx context.Context, down time.Duration) error {
-	if out, err := c.run(ctx, c.pgctl, "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "-w", "stop"); err != nil {
-		return fmt.Errorf("tmppg: pg_ctl stop: %w: %s", err, out)
+	if err := c.Down(ctx); err != nil {
+		return err
 	}
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(down):
 	}
-	return c.start(ctx)
+	return c.Up(ctx)
 }
+
+// Down stops the server as a crash would, keeping its data: Up starts it
+// again on the same port.
+func (c *Cluster) Down(ctx context.Context) error {
+	if out, err := c.run(ctx, c.pgctl, "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "-w", "stop"); err != nil {
+		return fmt.Errorf("tmppg: pg_ctl stop: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Up starts the server that Down stopped. It returns once the server
+// accepts connections.
+func (c *Cluster) Up(ctx context.Context) error { return c.start(ctx) }
 
 // URL connects to the cluster's postgres database.
 func (c *Cluster) URL() string {

@@ -44,6 +44,9 @@ type topicLimit struct {
 // With an override it asks the broker nothing.
 type topicLimits struct {
 	adm *kadm.Client
+	// shared marks a client from NewSharedPublisherClient: its
+	// Publishers wait for their own records, never Flush.
+	shared bool
 
 	mu sync.Mutex
 	// override, when positive, is the limit of every topic (NewPublisher).

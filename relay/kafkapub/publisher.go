@@ -122,13 +122,39 @@ func (cfg PublisherConfig) Validate() error {
 // kafka.ProducerOptions, manual flushing, and produce batches capped per topic
 // at the limit a Publisher on it learns from the broker.
 func NewPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
+	return newPublisherClient(cfg, false)
+}
+
+// NewSharedPublisherClient is NewPublisherClient for a client that
+// several Publishers share, one per outbox, e.g. every outbox a process
+// relays to one cluster: one set of broker connections and one producer
+// id for all. Its records go out as soon as they are produced instead of
+// at a flush, and each Publisher waits for its own records only, so that
+// one outbox's batch never waits for another's (a Flush waits for every
+// record the client holds). Its Publishers must share their
+// MaxMessageBytes, which is the client's. Two things still reach across
+// them: a Publisher that purges a recreated topic fails the other
+// Publishers' records of that topic still in flight, and records are
+// batched per partition with the context of the batch's first record, so
+// a Publish cut short (its context done) can fail records of another
+// Publisher's to the same partition. Both are failures the relayer
+// retries.
+func NewSharedPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
+	return newPublisherClient(cfg, true)
+}
+
+func newPublisherClient(cfg kafka.ClientConfig, shared bool) (*kgo.Client, error) {
 	opts, err := cfg.Options()
 	if err != nil {
 		return nil, err
 	}
 	lim := newTopicLimits()
-	opts = append(append(kafka.ProducerOptions(), kgo.ManualFlushing(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes)), opts...)
-	client, err := kgo.NewClient(opts...)
+	lim.shared = shared
+	own := append(kafka.ProducerOptions(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes))
+	if !shared {
+		own = append(own, kgo.ManualFlushing())
+	}
+	client, err := kgo.NewClient(append(own, opts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -350,22 +376,11 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, e
 	if len(idx) == 0 {
 		return
 	}
-	var wg sync.WaitGroup
-	wg.Add(len(idx))
-	for _, i := range idx {
-		p.client.Produce(ctx, record(msgs[i], p.source, p.ceHeaders(&msgs[i])), func(_ *kgo.Record, err error) {
-			if err != nil {
-				errs[i] = classify(err)
-			}
-			wg.Done()
-		})
+	if p.limits.shared {
+		p.produceShared(ctx, msgs, idx, errs)
+	} else {
+		p.produce(ctx, msgs, idx, errs)
 	}
-	if err := p.client.Flush(ctx); err != nil {
-		// Not sent yet: fail them now, or the next Flush would send them
-		// behind the relayer's back.
-		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
-	}
-	wg.Wait()
 	if len(idx) == 1 || ctx.Err() != nil {
 		return
 	}
@@ -383,6 +398,68 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, e
 	half := len(again) / 2
 	p.send(ctx, msgs, again[:half], errs)
 	p.send(ctx, msgs, notBehindFailure(msgs, again[:half], again[half:], errs), errs)
+}
+
+// produce produces the records of msgs at idx on the publisher's own
+// client, flushes it and waits for every result.
+func (p *Publisher) produce(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
+	var wg sync.WaitGroup
+	wg.Add(len(idx))
+	for _, i := range idx {
+		p.client.Produce(ctx, record(msgs[i], p.source, p.ceHeaders(&msgs[i])), func(_ *kgo.Record, err error) {
+			if err != nil {
+				errs[i] = classify(err)
+			}
+			wg.Done()
+		})
+	}
+	if err := p.client.Flush(ctx); err != nil {
+		// Not sent yet: fail them now, or the next Flush would send them
+		// behind the relayer's back.
+		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
+	}
+	wg.Wait()
+}
+
+// produceShared produces the records of msgs at idx on a shared client
+// (NewSharedPublisherClient), where they go out at once, and waits for
+// their results, or for ctx: a Flush or an abort would wait for, or fail,
+// the other outboxes' records too. Those of its records still out when
+// ctx ends fail with ctx's error (whatever the broker makes of them: the
+// relayer sends them again, at least once).
+func (p *Publisher) produceShared(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
+	var mu sync.Mutex
+	settled := make([]bool, len(idx))
+	left, gaveUp := len(idx), false
+	done := make(chan struct{})
+	for k, i := range idx {
+		p.client.Produce(ctx, record(msgs[i], p.source, p.ceHeaders(&msgs[i])), func(_ *kgo.Record, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if gaveUp {
+				return
+			}
+			if err != nil {
+				errs[i] = classify(err)
+			}
+			settled[k] = true
+			if left--; left == 0 {
+				close(done)
+			}
+		})
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		gaveUp = true
+		for k, i := range idx {
+			if !settled[k] {
+				errs[i] = ctx.Err()
+			}
+		}
+	}
 }
 
 // notBehindFailure returns the records of next whose aggregate has no

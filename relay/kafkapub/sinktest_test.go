@@ -43,16 +43,31 @@ func TestSinkConformanceCloudEvents(t *testing.T) {
 	sinktest.Run(t, sinktest.Harness{Name: "kafka-cloudevents", New: kafkaSink(cfg)})
 }
 
+// On a client shared by several outboxes' publishers, which waits for
+// its own records instead of flushing the client, it passes the suite
+// too.
+func TestSinkConformanceSharedClient(t *testing.T) {
+	t.Parallel()
+	sinktest.Run(t, sinktest.Harness{Name: "kafka-shared", New: func(t *testing.T) *sinktest.Sink {
+		return kafkaSinkOn(t, kafkapub.PublisherConfig{}, kafkapub.NewSharedPublisherClient)
+	}})
+}
+
 func kafkaSink(cfg kafkapub.PublisherConfig) func(t *testing.T) *sinktest.Sink {
 	return func(t *testing.T) *sinktest.Sink { return kafkaSinkWith(t, cfg) }
 }
 
 func kafkaSinkWith(t *testing.T, cfg kafkapub.PublisherConfig) *sinktest.Sink {
 	t.Helper()
+	return kafkaSinkOn(t, cfg, kafkapub.NewPublisherClient)
+}
+
+func kafkaSinkOn(t *testing.T, cfg kafkapub.PublisherConfig, newClient func(kafka.ClientConfig) (*kgo.Client, error)) *sinktest.Sink {
+	t.Helper()
 	b, err := devkafka.Start(devkafka.Config{Partitions: 3, MaxMessageBytes: sinkMaxBytes})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
-	client, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.Addr()}, Opts: []kgo.Opt{
+	client, err := newClient(kafka.ClientConfig{Brokers: []string{b.Addr()}, Opts: []kgo.Opt{
 		// A transient fault surfaces as an error after this long.
 		kgo.RecordDeliveryTimeout(2 * time.Second),
 		// Plain record batches, which the per-record faults read.
