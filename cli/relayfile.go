@@ -52,6 +52,7 @@ var fileKeyScopes = map[string]struct {
 	"cpuprofile": {scopeProcess, "it profiles the whole process"},
 	"log-level":  {scopeProcess, "the process has one log"},
 	"log-format": {scopeProcess, "the process has one log"},
+	"procs":      {scopeProcess, "the process has one GOMAXPROCS: with auto it follows the busiest outbox"},
 	"config":     {scopeNone, "it names the file itself"},
 	"check":      {scopeNone, "it is an action: run 'outbox relay --config FILE --check'"},
 	"setup-only": {scopeNone, "it is an action on one outbox: run 'outbox relay --mode wal --setup-only' with that outbox's flags, or 'outbox switch to-wal'"},
