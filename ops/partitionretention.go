@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,6 +106,9 @@ func cleanupPartitions(ctx context.Context, pool *pgxpool.Pool, c *pgx.Conn, cfg
 		}
 	}
 	for _, info := range infos {
+		if slices.Contains(pc.Finished, info.Name) {
+			continue // settled above: dropped, or attached back and reported
+		}
 		switch {
 		case info.Droppable && walErr != nil:
 			r.keep(KeptPartition{PartitionRange: info.PartitionRange, Reason: KeptSlotBehind, Detail: walErr.Error()})
