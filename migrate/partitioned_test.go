@@ -218,11 +218,10 @@ func TestPartitionedOutboxTakesBinaryPayloads(t *testing.T) {
 			require.NoError(t, err)
 		}
 		fn := `"` + db.Tables.Schema + `"."events_outbox_emit_bytes"`
-		var ids []int64
-		for range 25 {
+		for i := range 25 {
 			var id int64
 			require.NoError(t, db.Pool.QueryRow(ctx, "SELECT "+fn+"(gen_random_uuid(), 'order.placed', '\\x0a02'::bytea, 'application/x-protobuf')").Scan(&id))
-			ids = append(ids, id)
+			require.Equal(t, int64(i+1), id)
 		}
 		var parts int
 		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(DISTINCT tableoid) FROM "+db.Tables.OutboxIdent()+" WHERE payload_bytes IS NOT NULL").Scan(&parts))
