@@ -3,7 +3,9 @@
 // transaction, recorded in a bookkeeping table next to the outbox table.
 // Running Up twice is a no-op; concurrent runs serialise on an advisory lock.
 // Teams whose own tool applies schema changes take the same SQL, with the
-// bookkeeping that Validate reads, from UpScript and DownScript.
+// bookkeeping that Validate reads, from UpScript and DownScript. Two
+// settings of a table come after the migrations: binary payloads
+// (EnableBinaryPayloads) and the partitioned layout (EnablePartitioned).
 //
 //	m, err := migrate.New(outbox.Tables{})
 //	applied, err := m.Up(ctx, pool)
@@ -230,10 +232,27 @@ func (m *Migrator) Up(ctx context.Context, db outbox.DB) ([]int, error) {
 			return done, err
 		}
 		if applied == 0 {
-			return done, nil
+			return done, m.afterUp(ctx, db, done)
 		}
 		done = append(done, applied)
 	}
+}
+
+// afterUp points the insert guard of a partitioned outbox at its root
+// table again (guardRootSQL) when migrations were applied: one of them
+// may have replaced the guard's function.
+func (m *Migrator) afterUp(ctx context.Context, db outbox.DB, applied []int) error {
+	if len(applied) == 0 {
+		return nil
+	}
+	return m.inTx(ctx, db, true, func(tx pgx.Tx) error {
+		p, err := ReadPartitioning(ctx, tx, m.tables)
+		if err != nil || p.Layout != LayoutPartitioned {
+			return err
+		}
+		_, err = tx.Exec(ctx, sqltext.Render(guardRootSQL, m.ids))
+		return err
+	})
 }
 
 // Down reverts migrations above target (0 drops the tables), newest first,
@@ -266,6 +285,11 @@ func (m *Migrator) Down(ctx context.Context, db outbox.DB, target int) ([]int, e
 				}
 			}
 			mig := m.migrations[cur-1]
+			if mig.Version == 1 {
+				if err := m.dropPartitioning(ctx, tx); err != nil {
+					return fmt.Errorf("migrate: reverting version 1 (%s): %w", mig.Name, err)
+				}
+			}
 			if _, err := tx.Exec(ctx, mig.down); err != nil {
 				return fmt.Errorf("migrate: reverting version %d (%s): %w", mig.Version, mig.Name, err)
 			}

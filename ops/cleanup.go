@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/cleanuplock"
 	"github.com/pgoutbox/outbox/internal/durations"
+	"github.com/pgoutbox/outbox/migrate"
 )
 
 // Cleanup defaults.
@@ -42,7 +43,9 @@ type CleanupConfig struct {
 	// public.events_outbox and public.processed_events.
 	Tables outbox.Tables
 	// Retention: dispatched rows older than this (by dispatched_at) are
-	// deleted. Pending rows never are. Defaults to DefaultRetention (7d).
+	// deleted. Pending rows never are. A partitioned outbox's partitions
+	// are dropped once their newest row is older than this (by
+	// created_at). Defaults to DefaultRetention (7d).
 	Retention time.Duration
 	// ProcessedRetention: processed_events rows older than this (by
 	// processed_at) are deleted. Keep it longer than any redelivery window
@@ -135,6 +138,10 @@ type CleanupResult struct {
 	// WAL position the slot confirmed before rows were deleted: every
 	// deleted row was committed before it. Empty otherwise.
 	WALHorizon string
+	// Partitions is, for a partitioned outbox, what retention did to its
+	// partitions (no row is deleted: Outbox stays zero); nil for a plain
+	// one.
+	Partitions *PartitionCleanup
 }
 
 // TableCleanup is one table's share of a cleanup.
@@ -147,7 +154,12 @@ type TableCleanup struct {
 // Cleanup deletes dispatched outbox rows older than the retention and
 // processed_events rows older than theirs, in batches of their own short
 // transactions with a pause between them, and prunes stale failure records.
-// It never deletes a pending row.
+// It never deletes a pending row. A partitioned outbox
+// (migrate.Migrator.EnablePartitioned) loses no row one by one: Cleanup
+// makes its partitions ahead (EnsurePartitions), then detaches and drops
+// every partition whose rows are all published and older than the
+// retention, and reports those it keeps (CleanupResult.Partitions; see
+// partitionretention.go).
 //
 // One cleanup runs per outbox at a time: Cleanup holds a session advisory
 // lock on one of pool's connections while it runs and returns
@@ -175,21 +187,10 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 	}
 	log := cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())
 
-	var walErr error
-	if cfg.Source.IsWAL() {
-		h, err := waitWALHorizon(ctx, c, cfg.Source.Slot(), cfg.WALConfirmWait)
-		switch {
-		case errors.Is(err, ErrSlotBehind):
-			walErr = err // the rest of the cleanup still runs
-		case err != nil:
-			return res, err
-		default:
-			res.WALHorizon = h.lsn
-			if err := cleanupOutboxWAL(ctx, c, cfg, log, res.OutboxCutoff, h, &res.Outbox); err != nil {
-				return res, err
-			}
-		}
-	} else if err := cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox); err != nil {
+	// walErr is what the outbox's cleanup could not do, for a reason
+	// that does not stop the rest of the cleanup.
+	walErr, err := cleanupOutboxTable(ctx, pool, c, cfg, log, &res)
+	if err != nil {
 		return res, err
 	}
 
@@ -205,6 +206,34 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 		}
 	}
 	return res, walErr
+}
+
+// cleanupOutboxTable cleans the outbox table as its layout says: a
+// partitioned one by dropping partitions, a plain one by deleting rows,
+// and for the WAL source only what its slot has confirmed. walErr is
+// ErrSlotBehind (or, for a partitioned outbox, a failure to make
+// partitions ahead), which lets the rest of the cleanup run.
+func cleanupOutboxTable(ctx context.Context, pool *pgxpool.Pool, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, res *CleanupResult) (walErr, err error) {
+	layout, err := migrate.ReadPartitioning(ctx, c, cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case layout.Layout == migrate.LayoutPartitioned:
+		res.Partitions = &PartitionCleanup{}
+		return cleanupPartitions(ctx, pool, c, cfg, log, res.OutboxCutoff, res.Partitions)
+	case cfg.Source.IsWAL():
+		h, err := waitWALHorizon(ctx, c, cfg.Source.Slot(), cfg.WALConfirmWait)
+		switch {
+		case errors.Is(err, ErrSlotBehind):
+			return err, nil // the rest of the cleanup still runs
+		case err != nil:
+			return nil, err
+		}
+		res.WALHorizon = h.lsn
+		return nil, cleanupOutboxWAL(ctx, c, cfg, log, res.OutboxCutoff, h, &res.Outbox)
+	}
+	return nil, cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox)
 }
 
 // lockCleanup takes the outbox's cleanup lock on a connection of pool. It
