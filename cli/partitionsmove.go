@@ -30,7 +30,7 @@ ACCESS EXCLUSIVE of milliseconds, waiting at most 2s for the transactions in
 flight and retried). No row is copied; the old table is dropped by retention
 like any partition once its ids are past and its rows older than the
 retention. Run it again after an interruption: it goes on from where the
-table stands. --dry-run prints the steps. See docs/partitioning-move.md.`
+table stands. --dry-run prints the steps. See docs/partitioning.md.`
 		addPartitionFlags(cmd.Flags(), &cfg.Settings)
 		cmd.Flags().Int64Var(&cfg.Headroom, "headroom", 0, "ids left between the id sequence and the old table's bound until the swap; inserts past it fail (default two partition widths)")
 	} else {
