@@ -172,6 +172,9 @@ func newMigrateStatusCmd(g *globals) *cobra.Command {
 				if err := printPartitioning(c, g, m, pool); err != nil {
 					return err
 				}
+				if err := printMove(c.Context(), g, m, pool); err != nil {
+					return err
+				}
 			}
 			for _, a := range st.Applied {
 				name := "unknown to this binary"

@@ -10,13 +10,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgoutbox/outbox/internal/clip"
+	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/ops"
 )
 
 func newPartitionsCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "partitions",
-		Short: "Make the partitions a partitioned outbox needs ahead (ensure), or list them with what retention would do (list)",
+		Short: "Make the partitions a partitioned outbox needs ahead (ensure), list them (list), move an outbox into the layout or back (convert, revert)",
 		Long: `A partitioned outbox ('outbox migrate up --partitioned') keeps its rows in
 partitions of a fixed number of ids, and an insert whose id has no partition
 fails. 'outbox relay' makes them ahead of the id sequence every
@@ -24,14 +25,17 @@ fails. 'outbox relay' makes them ahead of the id sequence every
 does it now, for cron or before a load test. Retention ('outbox cleanup', the
 relay's cleanup job) drops whole partitions once their rows are published
 and older than --retention; 'partitions list' shows each partition, what it
-holds and why it is or is not due. See docs/partitioning.md.`,
+holds and why it is or is not due. 'partitions convert' moves a plain outbox
+that holds rows into the partitioned layout while producers and relayers
+run, 'partitions revert' moves it back. See docs/partitioning.md.`,
 	}
 	groupOnly(cmd)
 	ensure, list := newPartitionsEnsureCmd(g), newPartitionsListCmd(g)
-	for _, c := range []*cobra.Command{ensure, list} {
+	convert, revert := newPartitionsMoveCmd(g, migrate.MoveConvert), newPartitionsMoveCmd(g, migrate.MoveRevert)
+	for _, c := range []*cobra.Command{ensure, list, convert, revert} {
 		g.addDBFlags(c.Flags())
 	}
-	cmd.AddCommand(ensure, list)
+	cmd.AddCommand(ensure, list, convert, revert)
 	return cmd
 }
 

@@ -142,6 +142,10 @@ type CleanupResult struct {
 	// partitions (no row is deleted: Outbox stays zero); nil for a plain
 	// one.
 	Partitions *PartitionCleanup
+	// RetiredDropped names the table a revert to the plain layout had
+	// retired (migrate.Migrator.Revert), dropped by this cleanup because
+	// the retention has passed since; empty when none.
+	RetiredDropped string
 }
 
 // TableCleanup is one table's share of a cleanup.
@@ -218,6 +222,11 @@ func cleanupOutboxTable(ctx context.Context, pool *pgxpool.Pool, c *pgx.Conn, cf
 	if err != nil {
 		return nil, err
 	}
+	if layout.Layout != migrate.LayoutPartitioned {
+		if err := dropRetired(ctx, c, cfg, log, res); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case layout.Layout == migrate.LayoutPartitioned:
 		res.Partitions = &PartitionCleanup{}
@@ -234,6 +243,26 @@ func cleanupOutboxTable(ctx context.Context, pool *pgxpool.Pool, c *pgx.Conn, cf
 		return nil, cleanupOutboxWAL(ctx, c, cfg, log, res.OutboxCutoff, h, &res.Outbox)
 	}
 	return nil, cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox)
+}
+
+// dropRetired drops the partitioned table a revert to the plain layout
+// retired (migrate.Migrator.Revert) once it was retired before the
+// cutoff: its rows were published, or copied into the plain table, and
+// are past the retention.
+func dropRetired(ctx context.Context, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, res *CleanupResult) error {
+	m, err := migrate.New(cfg.Tables)
+	if err != nil {
+		return err
+	}
+	name, err := m.DropRetired(ctx, c, res.OutboxCutoff)
+	if err != nil {
+		return fmt.Errorf("ops: cleanup: %w", err)
+	}
+	if name != "" {
+		res.RetiredDropped = name
+		log.Info("dropped the partitioned table a revert to the plain layout retired", "table", name)
+	}
+	return nil
 }
 
 // lockCleanup takes the outbox's cleanup lock on a connection of pool. It

@@ -69,6 +69,10 @@ type Idents struct {
 	// Partitioning is the table of a partitioned outbox's settings and
 	// retention state (migrate.Migrator.EnablePartitioned).
 	Partitioning string // {{partitioning}}: <outbox>_partitioning
+	// LayoutMove records a move of the outbox table between the plain
+	// and the partitioned layouts (migrate.Migrator.Convert, Revert):
+	// where it stands, and the table a revert retired.
+	LayoutMove string // {{layout_move}}: <outbox>_layout_move
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -102,6 +106,7 @@ func For(schema, outbox, processed string) Idents {
 		ParkedPayloadCheck: pgident.Quote(trim(outbox + "_parked_payload_kind")),
 		PayloadJSONOnly:    pgident.Quote(trim(outbox + "_payload_json_only")),
 		Partitioning:       q(outbox + "_partitioning"),
+		LayoutMove:         q(outbox + "_layout_move"),
 	}
 }
 
@@ -160,6 +165,8 @@ func (ids Idents) lookup(name string) string {
 		return ids.PayloadJSONOnly
 	case "partitioning":
 		return ids.Partitioning
+	case "layout_move":
+		return ids.LayoutMove
 	}
 	return ""
 }
@@ -183,7 +190,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only, partitioning)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only, partitioning, layout_move)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)
