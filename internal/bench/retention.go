@@ -162,6 +162,9 @@ func runRetention(ctx context.Context, s *session) (*Result, error) {
 		t.Rows = append(t.Rows, retentionRow(res, l, a, deleteWAL))
 		res.Tables = []Table{t}
 	}
+	if err := retentionClaims(ctx, cs, res); err != nil {
+		return res, fmt.Errorf("claim: %w", err)
+	}
 	retentionTargets(res)
 	return res, nil
 }
@@ -245,23 +248,32 @@ func retentionRun(ctx context.Context, cs *session, l retentionLayout, pgss bool
 // retentionFill writes the scenario's n events, VACUUM ANALYZEs and
 // checkpoints.
 func retentionFill(ctx context.Context, e *env, l retentionLayout, n int64, anchor time.Time) error {
-	perDay := n / retentionDays
-	step := float64(24*time.Hour/time.Microsecond) / float64(perDay)
-	from := anchor.Add(-retentionSpan)
-	dispatched := n - retentionPending(n)
-	const chunk = 500_000
-	for lo := int64(1); lo <= n; lo += chunk {
-		hi := min(lo+chunk-1, n)
-		e.s.progress("cleanup: %s: filling events %s to %s of %s", l.key, thousands(lo), thousands(hi), thousands(n))
-		if err := e.exec(ctx, fmt.Sprintf(retentionFillSQL, e.tables.OutboxIdent()), lo, hi, from, perDay, step, dispatched, e.s.cfg.Aggregates); err != nil {
-			return fmt.Errorf("fill events %d to %d: %w", lo, hi, err)
-		}
+	if err := fillDays(ctx, e, "cleanup: "+l.key, anchor, retentionDays, n, retentionPending(n)); err != nil {
+		return err
 	}
 	e.s.progress("cleanup: %s: VACUUM ANALYZE", l.key)
 	if err := e.vacuum(ctx); err != nil {
 		return err
 	}
 	e.checkpoint(ctx)
+	return nil
+}
+
+// fillDays writes n events (a multiple of days) created at a steady rate
+// over the days before end, the newest pending of them pending (see
+// retentionFillSQL), in chunks, reporting progress under label.
+func fillDays(ctx context.Context, e *env, label string, end time.Time, days, n, pending int64) error {
+	perDay := n / days
+	step := float64(24*time.Hour/time.Microsecond) / float64(perDay)
+	from := end.Add(-time.Duration(days) * 24 * time.Hour)
+	const chunk = 500_000
+	for lo := int64(1); lo <= n; lo += chunk {
+		hi := min(lo+chunk-1, n)
+		e.s.progress("%s: filling events %s to %s of %s", label, thousands(lo), thousands(hi), thousands(n))
+		if err := e.exec(ctx, fmt.Sprintf(retentionFillSQL, e.tables.OutboxIdent()), lo, hi, from, perDay, step, n-pending, e.s.cfg.Aggregates); err != nil {
+			return fmt.Errorf("fill events %d to %d: %w", lo, hi, err)
+		}
+	}
 	return nil
 }
 
