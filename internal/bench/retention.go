@@ -81,21 +81,25 @@ WHERE relid = $1::regclass OR relid IN (SELECT relid FROM pg_partition_tree($1::
 	// indexes.
 	treeSizeSQL = `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
 WHERE c.oid = $1::regclass OR c.oid IN (SELECT relid FROM pg_partition_tree($1::regclass))`
-	// retentionCountSQL counts the filled rows (ids up to $1) older than
+	// retentionCountSQL counts the filled rows (ids below $1) older than
 	// $2 (a walk of the primary key).
-	retentionCountSQL = `SELECT count(*) FROM %s WHERE id <= $1 AND created_at < $2`
+	retentionCountSQL = `SELECT count(*) FROM %s WHERE id < $1 AND created_at < $2`
 	// retentionLeftSQL counts, after the cleanup, the filled rows left,
 	// those of them older than the cutoff $2, and the pending rows.
-	retentionLeftSQL = `SELECT count(*) FILTER (WHERE id <= $1), count(*) FILTER (WHERE id <= $1 AND created_at < $2),
+	retentionLeftSQL = `SELECT count(*) FILTER (WHERE id < $1), count(*) FILTER (WHERE id < $1 AND created_at < $2),
   count(*) FILTER (WHERE dispatched_at IS NULL) FROM %s`
+	// startIDsSQL makes $2 the next id the sequence of the outbox $1
+	// hands out.
+	startIDsSQL = `SELECT setval(pg_get_serial_sequence($1, 'id'), $2, false)`
 )
 
 // retentionLayout is one way of storing the outbox, with its retention.
 type retentionLayout struct {
 	key, name string
-	// prepare migrates e's outbox in this layout, ready for rows created
-	// from `from` on; nil for the plain migration newEnv applies.
-	prepare func(ctx context.Context, e *env, from time.Time) error
+	// prepare migrates e's outbox in this layout, ready for ids from
+	// first on, perDay of them a day; nil for the plain migration newEnv
+	// applies.
+	prepare func(ctx context.Context, e *env, first, perDay int64) error
 }
 
 func retentionLayouts() []retentionLayout {
@@ -189,7 +193,7 @@ func retentionParams(ctx context.Context, cs *session, res *Result, pgss bool) {
 	var version string
 	_ = cs.admin.QueryRow(ctx, "SHOW server_version").Scan(&version)
 	res.param("server", "throwaway cluster (internal/tmppg), Postgres %s, fsync=on, shared_buffers=512MB, max_wal_size=16GB and checkpoint_timeout=1h (no checkpoint inside a measurement), autovacuum=off, pg_stat_statements", version)
-	res.param("fill", "%s events (--cleanup-events, rounded down to a multiple of 9) over %s aggregates, ~200-byte JSON payloads, created at a steady rate over the 9 days up to today's 00:00 UTC (as many each day, the first at its 00:00), each dispatched half a step after it was created but the newest %s (pending); INSERT ... SELECT generate_series in chunks, ids from the outbox's sequence; then VACUUM ANALYZE and CHECKPOINT. The same rows in every layout, one layout after the other",
+	res.param("fill", "%s events (--cleanup-events, rounded down to a multiple of 9; ids from the outbox's sequence, from a day's worth on) over %s aggregates, ~200-byte JSON payloads, created at a steady rate over the 9 days up to today's 00:00 UTC (as many each day, the first at its 00:00), each dispatched half a step after it was created but the newest %s (pending); INSERT ... SELECT generate_series in chunks; then VACUUM ANALYZE and CHECKPOINT. The same rows in every layout, one layout after the other",
 		thousands(retentionFillCount(cfg.CleanupEvents)), thousands(int64(cfg.Aggregates)), thousands(retentionPending(retentionFillCount(cfg.CleanupEvents))))
 	res.param("business", "%d writers at %d tx/s together: BEGIN; UPDATE accounts (one of %d rows, by primary key); Emit (defaults); COMMIT; latency from the start of the transaction's slot in the schedule to its COMMIT returning; 'no cleanup' is the %s before the cleanup (after 1 s of warm-up), 'during' the slots that began while ops.Cleanup ran (at least the first %d from its start)",
 		retentionWriters, retentionRate, retentionAccounts, retentionBaseline(cfg.Short), retentionMinDuring)
@@ -222,8 +226,14 @@ func retentionRun(ctx context.Context, cs *session, l retentionLayout, pgss bool
 		return a, err
 	}
 	n := retentionFillCount(cs.cfg.CleanupEvents)
+	// The filled ids start at a day's worth, so that a partition a day
+	// wide, whose bounds are multiples of its width, holds one day.
+	first := n / retentionDays
+	if err := e.exec(ctx, startIDsSQL, e.tables.OutboxIdent(), first); err != nil {
+		return a, err
+	}
 	if l.prepare != nil {
-		if err := l.prepare(ctx, e, anchor.Add(-retentionSpan)); err != nil {
+		if err := l.prepare(ctx, e, first, n/retentionDays); err != nil {
 			return a, err
 		}
 	}
@@ -233,7 +243,7 @@ func retentionRun(ctx context.Context, cs *session, l retentionLayout, pgss bool
 	}
 	a.fill = time.Since(t0)
 	cutoff := anchor.Add(-retentionKeep)
-	if err := e.pool.QueryRow(ctx, fmt.Sprintf(retentionCountSQL, e.tables.OutboxIdent()), n, cutoff).Scan(&a.removed); err != nil {
+	if err := e.pool.QueryRow(ctx, fmt.Sprintf(retentionCountSQL, e.tables.OutboxIdent()), first+n, cutoff).Scan(&a.removed); err != nil {
 		return a, err
 	}
 	if err := e.pool.QueryRow(ctx, treeSizeSQL, e.tables.OutboxIdent()).Scan(&a.size); err != nil {
@@ -242,7 +252,7 @@ func retentionRun(ctx context.Context, cs *session, l retentionLayout, pgss bool
 	if err := retentionMeasure(ctx, e, l, anchor, pgss, &a); err != nil {
 		return a, err
 	}
-	return a, retentionAftermath(ctx, e, l, n, cutoff, &a)
+	return a, retentionAftermath(ctx, e, l, first, n, cutoff, &a)
 }
 
 // retentionFill writes the scenario's n events, VACUUM ANALYZEs and
@@ -395,8 +405,9 @@ func retentionCleanupPool(ctx context.Context, e *env, pgss bool) (*pgxpool.Pool
 }
 
 // retentionAftermath reads the dead tuples the cleanup left, VACUUMs the
-// outbox, and checks that exactly the rows older than cutoff are gone.
-func retentionAftermath(ctx context.Context, e *env, l retentionLayout, n int64, cutoff time.Time, a *retentionArm) error {
+// outbox, and checks that exactly the rows older than cutoff are gone of
+// the n filled from id first.
+func retentionAftermath(ctx context.Context, e *env, l retentionLayout, first, n int64, cutoff time.Time, a *retentionArm) error {
 	for _, c := range e.pool.AcquireAllIdle(ctx) {
 		_, ferr := c.Exec(ctx, flushStatsSQL)
 		c.Release()
@@ -424,7 +435,7 @@ func retentionAftermath(ctx context.Context, e *env, l retentionLayout, n int64,
 	}
 	a.vacuumWAL = lsn1 - lsn0
 	var left, old, pending int64
-	if err := e.pool.QueryRow(ctx, fmt.Sprintf(retentionLeftSQL, e.tables.OutboxIdent()), n, cutoff).Scan(&left, &old, &pending); err != nil {
+	if err := e.pool.QueryRow(ctx, fmt.Sprintf(retentionLeftSQL, e.tables.OutboxIdent()), first+n, cutoff).Scan(&left, &old, &pending); err != nil {
 		return err
 	}
 	switch {

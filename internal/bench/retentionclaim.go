@@ -18,9 +18,9 @@ import (
 // claimLayout is one outbox the claim is timed on.
 type claimLayout struct {
 	key, name string
-	// prepare migrates e's outbox in this layout for 30 days of rows
-	// created before end; nil for the plain migration newEnv applies.
-	prepare func(ctx context.Context, e *env, end time.Time) error
+	// prepare migrates e's outbox in this layout for n ids from first
+	// on; nil for the plain migration newEnv applies.
+	prepare func(ctx context.Context, e *env, first, n int64) error
 }
 
 func claimLayouts() []claimLayout {
@@ -72,8 +72,12 @@ func retentionClaims(ctx context.Context, cs *session, res *Result) error {
 		}
 		t := &claimTarget{l: l, e: e}
 		targets = append(targets, t)
+		// Ids from a day's worth on, as in the cleanup's fill.
+		if err := e.exec(ctx, startIDsSQL, e.tables.OutboxIdent(), perDay); err != nil {
+			return err
+		}
 		if l.prepare != nil {
-			if err := l.prepare(ctx, e, anchor); err != nil {
+			if err := l.prepare(ctx, e, perDay, perDay*claimDays); err != nil {
 				return fmt.Errorf("%s: %w", l.name, err)
 			}
 		}
