@@ -151,9 +151,10 @@ func runRetention(ctx context.Context, s *session) (*Result, error) {
 	pgss := prepareRetentionServer(ctx, cs, res)
 	retentionParams(ctx, cs, res, pgss)
 
-	t := Table{Title: fmt.Sprintf("retention keeping 7 of 9 days, %s events, under %d business tx/s", thousands(retentionFillCount(cfg.CleanupEvents)), retentionRate),
-		Columns: []string{"layout", "rows removed", "cleanup s", "cleanup WAL", "WAL vs DELETE", "server WAL during", "dead tuples after", "VACUUM s", "VACUUM WAL",
-			"business p50 / p99 ms, no cleanup", "p50 / p99 ms during cleanup", "p99 during / without", "outbox size before", "fill s"}}
+	cost := Table{Title: fmt.Sprintf("retention keeping 7 of 9 days of %s events", thousands(retentionFillCount(cfg.CleanupEvents))),
+		Columns: []string{"layout", "rows removed", "cleanup s", "cleanup WAL", "WAL vs DELETE", "server WAL during", "dead tuples after", "VACUUM s", "VACUUM WAL", "outbox size before", "fill s"}}
+	biz := Table{Title: fmt.Sprintf("business transactions (%d tx/s) without and during the cleanup", retentionRate),
+		Columns: []string{"layout", "p50 / p99 ms, no cleanup", "p50 / p99 ms, during cleanup", "p99 during / without"}}
 	var deleteWAL int64
 	for _, l := range retentionLayouts() {
 		a, err := retentionRun(ctx, cs, l, pgss)
@@ -163,8 +164,9 @@ func runRetention(ctx context.Context, s *session) (*Result, error) {
 		if l.key == "delete" {
 			deleteWAL = a.wal
 		}
-		t.Rows = append(t.Rows, retentionRow(res, l, a, deleteWAL))
-		res.Tables = []Table{t}
+		c, b := retentionRows(res, l, a, deleteWAL)
+		cost.Rows, biz.Rows = append(cost.Rows, c), append(biz.Rows, b)
+		res.Tables = []Table{cost, biz}
 	}
 	if err := retentionClaims(ctx, cs, res); err != nil {
 		return res, fmt.Errorf("claim: %w", err)
@@ -449,26 +451,22 @@ func retentionAftermath(ctx context.Context, e *env, l retentionLayout, first, n
 	return nil
 }
 
-// retentionRow records an arm's metrics and returns its table row;
-// deleteWAL is the DELETE arm's cleanup WAL, the base of "WAL vs DELETE".
-func retentionRow(res *Result, l retentionLayout, a retentionArm, deleteWAL int64) []string {
+// retentionRows records an arm's metrics and returns its rows of the
+// cost and business tables; deleteWAL is the DELETE arm's cleanup WAL,
+// the base of "WAL vs DELETE".
+func retentionRows(res *Result, l retentionLayout, a retentionArm, deleteWAL int64) (cost, biz []string) {
 	key := "cleanup." + l.key + "."
 	bp50, bp99 := percentile(a.base, 50), percentile(a.base, 99)
 	dp50, dp99 := percentile(a.during, 50), percentile(a.during, 99)
 	p99ratio := float64(dp99) / float64(bp99)
-	res.metric(key+"removed", float64(a.removed))
-	res.metric(key+"deleted", float64(a.deleted))
-	res.metric(key+"cleanup_s", a.took.Seconds())
-	res.metric(key+"server_wal_bytes", float64(a.serverWAL))
-	res.metric(key+"dead_tuples", float64(a.dead))
-	res.metric(key+"vacuum_s", a.vacuum.Seconds())
-	res.metric(key+"vacuum_wal_bytes", float64(a.vacuumWAL))
-	res.metric(key+"business_p99_ms", float64(bp99)/float64(time.Millisecond))
-	res.metric(key+"business_during_p99_ms", float64(dp99)/float64(time.Millisecond))
-	res.metric(key+"business_p99_ratio", p99ratio)
-	res.metric(key+"business_during_samples", float64(len(a.during)))
-	res.metric(key+"business_transactions", float64(a.business))
-	res.metric(key+"fill_s", a.fill.Seconds())
+	for k, v := range map[string]float64{
+		"removed": float64(a.removed), "deleted": float64(a.deleted), "cleanup_s": a.took.Seconds(), "server_wal_bytes": float64(a.serverWAL),
+		"dead_tuples": float64(a.dead), "vacuum_s": a.vacuum.Seconds(), "vacuum_wal_bytes": float64(a.vacuumWAL), "fill_s": a.fill.Seconds(),
+		"business_p99_ms": float64(bp99) / float64(time.Millisecond), "business_during_p99_ms": float64(dp99) / float64(time.Millisecond),
+		"business_p99_ratio": p99ratio, "business_during_samples": float64(len(a.during)), "business_transactions": float64(a.business),
+	} {
+		res.metric(key+k, v)
+	}
 	wal, vs := "not measured", "-"
 	if a.wal >= 0 {
 		wal = walBytes(a.wal) + fmt.Sprintf(" (%s FPI, %s statements)", thousands(a.fpi), thousands(a.calls))
@@ -482,9 +480,10 @@ func retentionRow(res *Result, l retentionLayout, a retentionArm, deleteWAL int6
 	if a.extended {
 		during += ", the first " + strconv.Itoa(retentionMinDuring) + " from its start"
 	}
-	return []string{l.name, thousands(a.removed), fmt.Sprintf("%.2f", a.took.Seconds()), wal, vs, walBytes(a.serverWAL), thousands(a.dead),
-		fmt.Sprintf("%.2f", a.vacuum.Seconds()), walBytes(a.vacuumWAL), ms(bp50) + " / " + ms(bp99) + fmt.Sprintf(" (%s tx)", thousands(int64(len(a.base)))),
-		during, ratio(p99ratio), walBytes(a.size), fmt.Sprintf("%.0f", a.fill.Seconds())}
+	cost = []string{l.name, thousands(a.removed), fmt.Sprintf("%.2f", a.took.Seconds()), wal, vs, walBytes(a.serverWAL), thousands(a.dead),
+		fmt.Sprintf("%.2f", a.vacuum.Seconds()), walBytes(a.vacuumWAL), walBytes(a.size), fmt.Sprintf("%.0f", a.fill.Seconds())}
+	biz = []string{l.name, ms(bp50) + " / " + ms(bp99) + fmt.Sprintf(" (%s tx)", thousands(int64(len(a.base)))), during, ratio(p99ratio)}
+	return cost, biz
 }
 
 // walBytes formats a byte count in the unit that keeps it readable: the
