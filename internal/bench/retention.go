@@ -500,9 +500,14 @@ func walBytes(b int64) string {
 	return strconv.FormatFloat(float64(b)/(1<<30), 'f', 2, 64) + " GiB"
 }
 
-// retentionTargets judges the partition drop against the DELETE.
+// retentionTargets judges the partition drop against the DELETE, and
+// the claim on 30 partitions against one.
 func retentionTargets(res *Result) {
 	m := res.Metrics
+	if r, ok := m["cleanup.claim.partitions_30.ratio"]; ok {
+		res.target("claim with 30 partitions", "<= 1.2x the claim with one partition, same rows",
+			fmt.Sprintf("%.2fx (p50 %.2f vs %.2f ms; plain table %.2f ms)", r, m["cleanup.claim.partitions_30.p50_ms"], m["cleanup.claim.partitions_1.p50_ms"], m["cleanup.claim.plain.p50_ms"]), r <= 1.2)
+	}
 	if _, ok := m["cleanup.drop.cleanup_s"]; !ok {
 		res.note("the partitioned layout was not measured: its targets (drop WAL <= 1%% of the DELETE's, 0 dead tuples, business p99 during cleanup <= 1.2x, claim with 30 partitions <= 1.2x one) are not judged")
 		return
