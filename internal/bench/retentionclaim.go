@@ -72,12 +72,14 @@ func retentionClaims(ctx context.Context, cs *session, res *Result) error {
 		}
 		t := &claimTarget{l: l, e: e}
 		targets = append(targets, t)
-		// Ids from a day's worth on, as in the cleanup's fill.
-		if err := e.exec(ctx, startIDsSQL, e.tables.OutboxIdent(), perDay); err != nil {
+		// Ids from n on, a multiple of every layout's partition width, so
+		// that the partitions hold the rows and nothing else.
+		n := perDay * claimDays
+		if err := e.exec(ctx, startIDsSQL, e.tables.OutboxIdent(), n); err != nil {
 			return err
 		}
 		if l.prepare != nil {
-			if err := l.prepare(ctx, e, perDay, perDay*claimDays); err != nil {
+			if err := l.prepare(ctx, e, n, n); err != nil {
 				return fmt.Errorf("%s: %w", l.name, err)
 			}
 		}
@@ -86,7 +88,7 @@ func retentionClaims(ctx context.Context, cs *session, res *Result) error {
 		if t.claim, err = captureClaim(ctx, e); err != nil {
 			return fmt.Errorf("%s: %w", l.name, err)
 		}
-		if err := fillDays(ctx, e, "cleanup: claim: "+l.key, anchor, claimDays, perDay*claimDays, pending); err != nil {
+		if err := fillDays(ctx, e, "cleanup: claim: "+l.key, anchor, claimDays, n, pending); err != nil {
 			return fmt.Errorf("%s: %w", l.name, err)
 		}
 		if err := e.vacuum(ctx); err != nil {
