@@ -230,10 +230,27 @@ func (m *Migrator) Up(ctx context.Context, db outbox.DB) ([]int, error) {
 			return done, err
 		}
 		if applied == 0 {
-			return done, nil
+			return done, m.afterUp(ctx, db, done)
 		}
 		done = append(done, applied)
 	}
+}
+
+// afterUp points the insert guard of a partitioned outbox at its root
+// table again (guardRootSQL) when migrations were applied: one of them
+// may have replaced the guard's function.
+func (m *Migrator) afterUp(ctx context.Context, db outbox.DB, applied []int) error {
+	if len(applied) == 0 {
+		return nil
+	}
+	return m.inTx(ctx, db, true, func(tx pgx.Tx) error {
+		p, err := ReadPartitioning(ctx, tx, m.tables)
+		if err != nil || p.Layout != LayoutPartitioned {
+			return err
+		}
+		_, err = tx.Exec(ctx, sqltext.Render(guardRootSQL, m.ids))
+		return err
+	})
 }
 
 // Down reverts migrations above target (0 drops the tables), newest first,
@@ -266,6 +283,11 @@ func (m *Migrator) Down(ctx context.Context, db outbox.DB, target int) ([]int, e
 				}
 			}
 			mig := m.migrations[cur-1]
+			if mig.Version == 1 {
+				if err := m.dropPartitioning(ctx, tx); err != nil {
+					return fmt.Errorf("migrate: reverting version 1 (%s): %w", mig.Name, err)
+				}
+			}
 			if _, err := tx.Exec(ctx, mig.down); err != nil {
 				return fmt.Errorf("migrate: reverting version %d (%s): %w", mig.Version, mig.Name, err)
 			}

@@ -28,15 +28,16 @@ const createVersionTableSQL = `CREATE TABLE IF NOT EXISTS {{migrations}} (
 )`
 
 // currentSQL is the highest applied version, 0 for none. Rows from
-// 1000000 up are settings, not migrations.
-const currentSQL = `SELECT coalesce(max(version), 0) FROM {{migrations}} WHERE version < 1000000`
+// 999999 up are settings, not migrations (999999: the partitioned layout,
+// 1000000: binary payloads).
+const currentSQL = `SELECT coalesce(max(version), 0) FROM {{migrations}} WHERE version < 999999`
 
 // existsSQL tells whether the bookkeeping table exists (a database never
 // migrated has none); $1 is its quoted name.
 const existsSQL = `SELECT to_regclass($1) IS NOT NULL`
 
 // appliedSQL lists the applied versions in order.
-const appliedSQL = `SELECT version, applied_at FROM {{migrations}} WHERE version < 1000000 ORDER BY version`
+const appliedSQL = `SELECT version, applied_at FROM {{migrations}} WHERE version < 999999 ORDER BY version`
 
 // Version 1000000 is the row the migrations table holds while binary
 // payloads are on: a version no migration reaches. A binary from before
@@ -170,4 +171,208 @@ var _ = sqltext.Register("migrate", map[string]string{
 	"binaryValidateJSONOnlySQL": binaryValidateJSONOnlySQL, "binaryDropSQL": binaryDropSQL,
 	"binaryDropParkedSQL": binaryDropParkedSQL, "binaryDropFnSQL": binaryDropFnSQL,
 	"binaryMarkSQL": binaryMarkSQL, "binaryUnmarkSQL": binaryUnmarkSQL,
+})
+
+// The partitioned layout (partitioned.go): an optional setting of one
+// outbox table, applied after the numbered migrations. The statements that
+// name a table known only when they run (the partitioned twin, a
+// partition) are templates (sqltext.RegisterTemplates): their %s are
+// quoted identifiers, their %d numbers.
+
+// layoutSQL reads whether the outbox table $1 (quoted) is partitioned.
+const layoutSQL = `SELECT coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
+
+// partitionSettingsSQL reads the partitioned layout's settings and the
+// partition a retention run left half done: the table's one row.
+const partitionSettingsSQL = `SELECT width, (extract(epoch FROM ahead) * 1000000)::bigint, detaching, detaching_from, detaching_to FROM {{partitioning}}`
+
+// lockOutboxSQL takes the outbox table for the transaction that replaces
+// it: nothing inserts into it meanwhile (under binaryLockTimeoutSQL).
+const lockOutboxSQL = `LOCK TABLE {{outbox}} IN ACCESS EXCLUSIVE MODE`
+
+// nextIDSQL reads the id the sequence hands out next.
+const nextIDSQL = `SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {{id_seq}}`
+
+// partitionRefuseSQL refuses (SQLSTATE P0001) to replace an outbox table
+// that holds rows (a seq scan that stops at the first row), that is in a
+// publication (dropping the table would take it out: the WAL relay would
+// stream nothing), or whose sequence hands out an id at or past %d (the
+// partitions the script makes would not hold it).
+const partitionRefuseSQL = `DO $refuse$
+DECLARE
+  pubs text;
+BEGIN
+  IF EXISTS (SELECT FROM {{outbox}}) THEN
+    RAISE EXCEPTION '{{outbox}} holds rows: migrate up --partitioned replaces an empty outbox table only (a fresh install)';
+  END IF;
+  SELECT string_agg(p.pubname, ', ') INTO pubs
+  FROM pg_catalog.pg_publication_rel r JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid
+  WHERE r.prrelid = '{{outbox}}'::regclass;
+  IF pubs IS NOT NULL THEN
+    RAISE EXCEPTION USING MESSAGE = '{{outbox}} is in publication ' || pubs
+      || ': drop it first (outbox relay --mode wal --teardown); the WAL relay makes it again for the partitioned table';
+  END IF;
+  IF (SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {{id_seq}}) >= %d THEN
+    RAISE EXCEPTION 'the id sequence {{id_seq}} is past the partitions this script makes: run outbox migrate up --partitioned instead, which starts them at the sequence';
+  END IF;
+END
+$refuse$`
+
+// createPartitionedSQL creates the partitioned twin of the outbox table
+// (the twin, its primary key's name): the outbox's columns with their
+// defaults (the id sequence's nextval), NOT NULLs, CHECK constraints
+// (binary payloads'), storage and comments, and the primary key on id, a
+// partitioned index that is unique across partitions because id is the
+// partition key.
+const createPartitionedSQL = `CREATE TABLE %s (LIKE {{outbox}} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION INCLUDING COMMENTS,
+  CONSTRAINT %s PRIMARY KEY (id)) PARTITION BY RANGE (id)`
+
+// createPendingSQL is migration 1's pending index on the twin (the index,
+// the twin): a partitioned index, made on every partition as it is
+// attached, so the claim walks each partition's pending rows in id order
+// and stops at the batch, partition after partition.
+const createPendingSQL = `CREATE INDEX %s ON %s (id) WHERE dispatched_at IS NULL`
+
+// copyTriggersSQL copies the outbox table's triggers (the insert guard,
+// and any of the application's own) with their comments to the twin (%s,
+// in a string literal: validated names hold no quote). Each is the
+// catalog's own definition with the table it is on replaced, printed and
+// run under search_path pg_catalog so that every name in it is
+// qualified.
+const copyTriggersSQL = `DO $copy$
+DECLARE
+  t    record;
+  path text := current_setting('search_path');
+BEGIN
+  PERFORM set_config('search_path', 'pg_catalog', true);
+  FOR t IN SELECT tr.oid, tr.tgname::text AS name, obj_description(tr.oid, 'pg_trigger') AS comment
+    FROM pg_trigger tr WHERE tr.tgrelid = '{{outbox}}'::regclass AND NOT tr.tgisinternal ORDER BY tr.tgname
+  LOOP
+    EXECUTE replace(pg_get_triggerdef(t.oid), ' ON ' || '{{outbox}}'::regclass::text || ' ', ' ON ' || '%[1]s'::regclass::text || ' ');
+    IF t.comment IS NOT NULL THEN
+      EXECUTE 'COMMENT ON TRIGGER ' || quote_ident(t.name) || ' ON ' || '%[1]s'::regclass::text || ' IS ' || quote_literal(t.comment);
+    END IF;
+  END LOOP;
+  PERFORM set_config('search_path', path, true);
+END
+$copy$`
+
+// copyGrantsSQL grants on the twin (%s) what is granted on the outbox
+// table (producers' INSERT, the relay's SELECT and UPDATE, ...), and
+// copies the table's comment. Queries through the partitioned table are
+// checked against its grants alone.
+const copyGrantsSQL = `DO $grant$
+DECLARE
+  g record;
+BEGIN
+  FOR g IN SELECT a.privilege_type, a.grantee, a.is_grantable
+    FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+    WHERE c.oid = '{{outbox}}'::regclass AND a.grantee <> c.relowner
+  LOOP
+    EXECUTE 'GRANT ' || g.privilege_type || ' ON %[1]s TO '
+      || CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END
+      || CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END;
+  END LOOP;
+  EXECUTE 'COMMENT ON TABLE %[1]s IS ' || quote_nullable(obj_description('{{outbox}}'::regclass, 'pg_class'));
+END
+$grant$`
+
+// guardRootSQL makes the insert guard's function (migration 7) name the
+// outbox table in its errors when it fires on a partition: a trigger on a
+// partitioned table runs on the partition a row lands in, whose name is
+// TG_TABLE_NAME, and the guard's errors carry the violated rule as
+// <outbox>_type_topic or <outbox>_headers_shape in their constraint name
+// and the table in their TABLE field (what producers match on). The
+// function is read from the catalog and its reads of the table's name
+// and owner are pointed at the partition tree's root, which is the table
+// itself for a plain one; it runs only for rows the trigger's WHEN
+// refuses, so inserts pay nothing for it. Idempotent: Up runs it again
+// after a migration that may have replaced the function.
+const guardRootSQL = `DO $guard$
+DECLARE
+  def text := pg_catalog.pg_get_functiondef('{{guard_fn}}()'::pg_catalog.regprocedure);
+BEGIN
+  IF position('pg_partition_root' IN def) > 0 THEN
+    RETURN;
+  END IF;
+  IF position('c.oid = TG_RELID' IN def) = 0 OR position('TG_TABLE_NAME' IN def) = 0 THEN
+    RAISE EXCEPTION 'the insert guard {{guard_fn}} is not the one migration 7 made: it cannot be pointed at the partitioned table';
+  END IF;
+  def := replace(def, 'c.oid = TG_RELID', 'c.oid = coalesce(pg_catalog.pg_partition_root(TG_RELID), TG_RELID)');
+  def := replace(def, 'TG_TABLE_NAME', '(SELECT r.relname FROM pg_catalog.pg_class r WHERE r.oid = coalesce(pg_catalog.pg_partition_root(TG_RELID), TG_RELID))');
+  EXECUTE def;
+END
+$guard$`
+
+// seqUnownSQL and seqOwnSQL detach the id sequence from the plain table
+// before it is dropped (DROP TABLE would drop an owned sequence, and
+// producers hold USAGE on it), and give it to the partitioned one.
+const (
+	seqUnownSQL = `ALTER SEQUENCE {{id_seq}} OWNED BY NONE`
+	seqOwnSQL   = `ALTER SEQUENCE {{id_seq}} OWNED BY {{outbox}}.id`
+)
+
+// dropOutboxSQL drops the plain, empty outbox table, with its indexes and
+// triggers.
+const dropOutboxSQL = `DROP TABLE {{outbox}}`
+
+// renameTableSQL, renamePKeySQL and renamePendingSQL move the twin into
+// the outbox table's place: its name (the twin, the outbox's bare name),
+// its primary key's (old, new) and its pending index's (the index).
+const (
+	renameTableSQL   = `ALTER TABLE %s RENAME TO %s`
+	renamePKeySQL    = `ALTER TABLE {{outbox}} RENAME CONSTRAINT %s TO %s`
+	renamePendingSQL = `ALTER INDEX %s RENAME TO {{pending_idx}}`
+)
+
+// createPartitioningSQL makes the partitioned layout's table: one row of
+// settings (width: ids per partition, ahead: how long the partitions made
+// ahead last), the id sequence's position as last sampled (the rate ids
+// are drawn at, rows or not: message-mode events draw ids and write none),
+// and retention's state (the partition a run is detaching or dropping,
+// the outcome of the last run), read by every process.
+const createPartitioningSQL = `CREATE TABLE {{partitioning}} (
+  singleton      boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+  width          bigint      NOT NULL CHECK (width >= 10),
+  ahead          interval    NOT NULL CHECK (ahead > interval '0'),
+  sampled_at     timestamptz,
+  sampled_id     bigint,
+  detaching      text,
+  detaching_from bigint,
+  detaching_to   bigint,
+  last_retention jsonb,
+  updated_at     timestamptz NOT NULL DEFAULT now()
+)`
+
+// insertPartitioningSQL records the settings (width, ahead in
+// microseconds), by the table's primary key.
+const insertPartitioningSQL = `INSERT INTO {{partitioning}} (width, ahead) VALUES (%d, %d * interval '1 microsecond')
+ON CONFLICT (singleton) DO UPDATE SET width = EXCLUDED.width, ahead = EXCLUDED.ahead, updated_at = now()`
+
+// partitionedMarkSQL and partitionedUnmarkSQL write and remove the
+// partitioned layout's row in the migrations table (see partitioned.go).
+const (
+	partitionedMarkSQL   = `INSERT INTO {{migrations}} (version) VALUES (999999) ON CONFLICT DO NOTHING`
+	partitionedUnmarkSQL = `DELETE FROM {{migrations}} WHERE version = 999999`
+)
+
+// dropPartitioningSQL and dropDetachedSQL (a detached partition) go with
+// the outbox table when migration 1 is reverted.
+const (
+	dropPartitioningSQL = `DROP TABLE IF EXISTS {{partitioning}}`
+	dropDetachedSQL     = `DROP TABLE IF EXISTS %s`
+)
+
+var _ = sqltext.Register("migrate", map[string]string{
+	"layoutSQL": layoutSQL, "partitionSettingsSQL": partitionSettingsSQL, "lockOutboxSQL": lockOutboxSQL, "nextIDSQL": nextIDSQL,
+	"guardRootSQL": guardRootSQL, "seqUnownSQL": seqUnownSQL, "seqOwnSQL": seqOwnSQL, "dropOutboxSQL": dropOutboxSQL,
+	"createPartitioningSQL": createPartitioningSQL, "partitionedMarkSQL": partitionedMarkSQL, "partitionedUnmarkSQL": partitionedUnmarkSQL,
+	"dropPartitioningSQL": dropPartitioningSQL,
+})
+
+var _ = sqltext.RegisterTemplates("migrate", map[string]string{
+	"partitionRefuseSQL": partitionRefuseSQL, "createPartitionedSQL": createPartitionedSQL, "createPendingSQL": createPendingSQL,
+	"copyTriggersSQL": copyTriggersSQL, "copyGrantsSQL": copyGrantsSQL,
+	"renameTableSQL": renameTableSQL, "renamePKeySQL": renamePKeySQL, "renamePendingSQL": renamePendingSQL,
+	"insertPartitioningSQL": insertPartitioningSQL, "dropDetachedSQL": dropDetachedSQL,
 })

@@ -14,6 +14,7 @@ import (
 	"github.com/pgoutbox/outbox/internal/backoff"
 	"github.com/pgoutbox/outbox/internal/cleanuplock"
 	"github.com/pgoutbox/outbox/internal/durations"
+	"github.com/pgoutbox/outbox/migrate"
 )
 
 // Cleanup defaults.
@@ -135,6 +136,10 @@ type CleanupResult struct {
 	// WAL position the slot confirmed before rows were deleted: every
 	// deleted row was committed before it. Empty otherwise.
 	WALHorizon string
+	// Partitions is, for a partitioned outbox, what retention did to its
+	// partitions (no row is deleted: Outbox stays zero); nil for a plain
+	// one.
+	Partitions *PartitionCleanup
 }
 
 // TableCleanup is one table's share of a cleanup.
@@ -175,21 +180,10 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 	}
 	log := cfg.Logger.With("outbox", cfg.Tables.OutboxIdent())
 
-	var walErr error
-	if cfg.Source.IsWAL() {
-		h, err := waitWALHorizon(ctx, c, cfg.Source.Slot(), cfg.WALConfirmWait)
-		switch {
-		case errors.Is(err, ErrSlotBehind):
-			walErr = err // the rest of the cleanup still runs
-		case err != nil:
-			return res, err
-		default:
-			res.WALHorizon = h.lsn
-			if err := cleanupOutboxWAL(ctx, c, cfg, log, res.OutboxCutoff, h, &res.Outbox); err != nil {
-				return res, err
-			}
-		}
-	} else if err := cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox); err != nil {
+	// walErr is what the outbox's cleanup could not do, for a reason
+	// that does not stop the rest of the cleanup.
+	walErr, err := cleanupOutboxTable(ctx, pool, c, cfg, log, &res)
+	if err != nil {
 		return res, err
 	}
 
@@ -205,6 +199,34 @@ func Cleanup(ctx context.Context, pool *pgxpool.Pool, cfg CleanupConfig) (Cleanu
 		}
 	}
 	return res, walErr
+}
+
+// cleanupOutboxTable cleans the outbox table as its layout says: a
+// partitioned one by dropping partitions, a plain one by deleting rows,
+// and for the WAL source only what its slot has confirmed. walErr is
+// ErrSlotBehind (or, for a partitioned outbox, a failure to make
+// partitions ahead), which lets the rest of the cleanup run.
+func cleanupOutboxTable(ctx context.Context, pool *pgxpool.Pool, c *pgx.Conn, cfg CleanupConfig, log *slog.Logger, res *CleanupResult) (walErr, err error) {
+	layout, err := migrate.ReadPartitioning(ctx, c, cfg.Tables)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case layout.Layout == migrate.LayoutPartitioned:
+		res.Partitions = &PartitionCleanup{}
+		return cleanupPartitions(ctx, pool, c, cfg, log, res.OutboxCutoff, res.Partitions)
+	case cfg.Source.IsWAL():
+		h, err := waitWALHorizon(ctx, c, cfg.Source.Slot(), cfg.WALConfirmWait)
+		switch {
+		case errors.Is(err, ErrSlotBehind):
+			return err, nil // the rest of the cleanup still runs
+		case err != nil:
+			return nil, err
+		}
+		res.WALHorizon = h.lsn
+		return nil, cleanupOutboxWAL(ctx, c, cfg, log, res.OutboxCutoff, h, &res.Outbox)
+	}
+	return nil, cleanupOutbox(ctx, c, cfg, log, res.OutboxCutoff, &res.Outbox)
 }
 
 // lockCleanup takes the outbox's cleanup lock on a connection of pool. It

@@ -45,11 +45,13 @@ const rateSQL = `SELECT
   count(*) FILTER (WHERE dispatched_at > $2::timestamptz - interval '1 hour')
 FROM {{outbox}} WHERE id >= $1`
 
-// tableSQL reads size and tuple counts; $1 is the quoted table name.
-const tableSQL = `SELECT pg_total_relation_size(c.oid), coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
-  s.last_vacuum, s.last_autovacuum
+// tableSQL reads size and tuple counts; $1 is the quoted table name. A
+// partitioned table is the sum of its partitions (it stores nothing
+// itself), its vacuums the latest of theirs.
+const tableSQL = `SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint, coalesce(sum(s.n_live_tup), 0)::bigint, coalesce(sum(s.n_dead_tup), 0)::bigint,
+  max(s.last_vacuum), max(s.last_autovacuum)
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.oid = $1::regclass`
+WHERE c.oid = $1::regclass OR c.oid IN (SELECT relid FROM pg_partition_tree($1::regclass))`
 
 // serverNowSQL reads the server's clock, which the dispatch windows are
 // measured against.
@@ -417,6 +419,83 @@ const walCleanupSQL = `WITH win AS MATERIALIZED (
 SELECT (SELECT count(*) FROM del), (SELECT count(*) FROM win),
   coalesce((SELECT max(id) FROM win), $1),
   coalesce((SELECT bool_or(created_at >= $3) FROM win), false)`
+
+// Partitioned outboxes (partitions.go, partitionretention.go). The
+// partitioned layout's table ({{partitioning}}) is read by its primary key
+// (one row); the outbox by ranges of the primary key, one partition's.
+
+// nextIDSQL reads the id the sequence hands out next.
+const nextIDSQL = `SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {{id_seq}}`
+
+// sampledSQL reads the sequence's last recorded position: its age in
+// seconds and the id.
+const sampledSQL = `SELECT extract(epoch FROM now() - sampled_at)::float8, sampled_id FROM {{partitioning}}`
+
+// resampleSQL is sampledSQL that also records $1, the sequence's next id,
+// as the position when the last one is an hour old or missing: a rate
+// over one to two hours.
+const resampleSQL = `WITH old AS (SELECT sampled_at, sampled_id FROM {{partitioning}}),
+upd AS (
+  UPDATE {{partitioning}} SET sampled_at = now(), sampled_id = $1
+  WHERE sampled_at IS NULL OR sampled_at < now() - interval '1 hour'
+)
+SELECT extract(epoch FROM now() - sampled_at)::float8, sampled_id FROM old`
+
+// partitionRowsSQL reads one partition's rows through the outbox table,
+// over the primary key range [$1, $2): the created_at of its newest row
+// (a backward walk of the primary key that stops at once), its pending
+// rows (its pending index), which of them are held (the failures table,
+// by its primary key range, each checked on the outbox by primary key),
+// and the parked rows with ids in the range (the parked table's primary
+// key).
+const partitionRowsSQL = `SELECT
+  (SELECT created_at FROM {{outbox}} WHERE id >= $1 AND id < $2 ORDER BY id DESC LIMIT 1),
+  (SELECT count(*) FROM {{outbox}} WHERE id >= $1 AND id < $2 AND dispatched_at IS NULL),
+  (SELECT count(*) FROM {{failures}} f JOIN {{outbox}} o ON o.id = f.event_id
+   WHERE f.event_id >= $1 AND f.event_id < $2 AND o.dispatched_at IS NULL AND f.failed_at >= coalesce(o.requeued_at, o.created_at)),
+  (SELECT count(*) FROM {{parked}} WHERE id >= $1 AND id < $2)`
+
+// setDetachingSQL records the partition a retention run is about to
+// detach ($1 its name, $2 and $3 its bounds), or clears it ($1 NULL).
+const setDetachingSQL = `UPDATE {{partitioning}} SET detaching = $1, detaching_from = $2, detaching_to = $3`
+
+// recordRetentionSQL records the outcome of a retention run ($1 JSON);
+// lastRetentionSQL reads it.
+const (
+	recordRetentionSQL = `UPDATE {{partitioning}} SET last_retention = $1::jsonb`
+	lastRetentionSQL   = `SELECT last_retention FROM {{partitioning}}`
+)
+
+// connCheckSQL sets client_connection_check_interval ($1) for the session
+// that detaches partitions: a process killed while its DETACH ...
+// CONCURRENTLY waits then ends that statement too, instead of leaving it
+// to finish unseen; the next run finds the partition detach-pending and
+// finishes it.
+const connCheckSQL = `SELECT set_config('client_connection_check_interval', $1, false)`
+
+// parkedInRangeSQL counts the parked rows with ids in [$1, $2) (the
+// parked table's primary key).
+const parkedInRangeSQL = `SELECT count(*) FROM {{parked}} WHERE id >= $1 AND id < $2`
+
+// A partition just detached is a table of its own (the %s), checked
+// before it is dropped: under an ACCESS EXCLUSIVE lock, so nothing writes
+// it between the check and the drop; its pending rows through its own
+// pending index.
+const (
+	lockDetachedSQL    = `LOCK TABLE %s IN ACCESS EXCLUSIVE MODE`
+	detachedPendingSQL = `SELECT count(*) FROM %s WHERE dispatched_at IS NULL`
+	dropDetachedSQL    = `DROP TABLE %s`
+)
+
+var _ = sqltext.RegisterTemplates("ops", map[string]string{
+	"lockDetachedSQL": lockDetachedSQL, "detachedPendingSQL": detachedPendingSQL, "dropDetachedSQL": dropDetachedSQL,
+})
+
+var _ = sqltext.Register("ops", map[string]string{
+	"nextIDSQL": nextIDSQL, "sampledSQL": sampledSQL, "resampleSQL": resampleSQL, "partitionRowsSQL": partitionRowsSQL,
+	"setDetachingSQL": setDetachingSQL, "recordRetentionSQL": recordRetentionSQL, "lastRetentionSQL": lastRetentionSQL,
+	"connCheckSQL": connCheckSQL, "parkedInRangeSQL": parkedInRangeSQL,
+})
 
 var _ = sqltext.Register("ops", map[string]string{
 	"heldRowsSQL": heldRowsSQL, "lagSQL": lagSQL, "heldSQL": heldSQL, "rateSQL": rateSQL, "tableSQL": tableSQL,

@@ -129,8 +129,13 @@ type Stats struct {
 	// empty.
 	OldestRowAge time.Duration
 
-	// Table is the table's size and vacuum state, for both sources.
+	// Table is the table's size and vacuum state, for both sources (of
+	// every partition, for a partitioned outbox).
 	Table
+
+	// Partitions is a partitioned outbox's headroom and last retention
+	// run, for both sources; nil for a plain outbox.
+	Partitions *PartitionStatus
 }
 
 // Table is an outbox table's size and vacuum state.
@@ -158,9 +163,24 @@ func ReadStats(ctx context.Context, db outbox.DB, cfg StatsConfig) (Stats, error
 		return Stats{}, err
 	}
 	tables := cfg.Tables
+	var s Stats
+	var err error
 	if cfg.Source.IsWAL() {
-		return readWALStats(ctx, db, tables, cfg.Source)
+		s, err = readWALStats(ctx, db, tables, cfg.Source)
+	} else {
+		s, err = readPollingStats(ctx, db, cfg)
 	}
+	if err != nil {
+		return s, err
+	}
+	s.Partitions, err = ReadPartitionStatus(ctx, db, tables)
+	return s, err
+}
+
+// readPollingStats is ReadStats of the polling source, cfg with its
+// defaults.
+func readPollingStats(ctx context.Context, db outbox.DB, cfg StatsConfig) (Stats, error) {
+	tables := cfg.Tables
 	s := Stats{Source: cfg.Source, StuckAfter: cfg.StuckAfter}
 	var err error
 	if s.Lag, err = ReadLag(ctx, db, tables, cfg.StuckAfter); err != nil {

@@ -131,12 +131,21 @@ type Report struct {
 	// Problems says, one line each, what is unhealthy about the slot;
 	// empty when healthy.
 	Problems []string
+
+	// Partitions is a partitioned outbox's headroom and last retention
+	// run, for either source (nil for a plain outbox): its Problems (a
+	// low headroom, partitions kept past the retention) make the report
+	// unhealthy.
+	Partitions *PartitionStatus
 }
 
 // Healthy reports whether the outbox is healthy: for the polling source,
 // nothing is stuck and the lag is within the SLO; for the WAL source, the
 // slot has no problem.
 func (r Report) Healthy() bool {
+	if len(r.Partitions.Problems()) > 0 {
+		return false
+	}
 	if r.Source.IsWAL() {
 		return len(r.Problems) == 0
 	}
@@ -147,15 +156,30 @@ func (r Report) Healthy() bool {
 // and stuck rows, checks the lag SLO and lists stuck rows with what is
 // known about them. For the WAL source the slot must exist, be within
 // MaxSlotLagBytes, not be lost or unreserved, and (PG 17+) not be inactive
-// longer than MaxInactive.
+// longer than MaxInactive. A partitioned outbox's partitions must reach
+// far enough past the id sequence, and its last retention run must have
+// kept none past the retention (but for parked rows).
 func Check(ctx context.Context, db outbox.DB, cfg WatchdogConfig) (Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}
 	cfg = cfg.WithDefaults()
+	var rep Report
+	var err error
 	if cfg.Source.IsWAL() {
-		return checkWAL(ctx, db, cfg)
+		rep, err = checkWAL(ctx, db, cfg)
+	} else {
+		rep, err = checkPolling(ctx, db, cfg)
 	}
+	if err != nil {
+		return rep, err
+	}
+	rep.Partitions, err = ReadPartitionStatus(ctx, db, cfg.Tables)
+	return rep, err
+}
+
+// checkPolling is Check of the polling source, cfg with its defaults.
+func checkPolling(ctx context.Context, db outbox.DB, cfg WatchdogConfig) (Report, error) {
 	rep := Report{Source: cfg.Source, StuckAfter: cfg.StuckAfter, MaxLag: cfg.MaxLag}
 	var err error
 	if rep.Lag, err = ReadLag(ctx, db, cfg.Tables, cfg.StuckAfter); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/ops"
 	"github.com/pgoutbox/outbox/relay"
@@ -23,6 +24,18 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	sourcetest.Run(t, pollingSource())
+}
+
+// The polling relay passes the suite on a partitioned outbox too (the
+// partitioned layout), its events spread over several partitions.
+func TestConformancePartitioned(t *testing.T) {
+	t.Parallel()
+	src := pollingSource()
+	src.Name = "poll, partitioned"
+	src.Open = func(t *testing.T) *sourcetest.DB {
+		return (*sourcetest.DB)(pgtest.New(t, pgtest.Options{MaxConns: 16, Partitioned: true, PartitionWidth: 5000, PartitionedIDs: 100_000}))
+	}
+	sourcetest.Run(t, src)
 }
 
 // pollingSource plugs the polling relay into the shared suite: the

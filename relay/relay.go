@@ -188,7 +188,8 @@ type Relayer struct {
 	cfg       Config
 	log       *slog.Logger
 	claimSQL  string
-	binary    bool // claimSQL is claimBinarySQL
+	binary    bool     // claimSQL is claimBinarySQL
+	begin     []string // claimBeginStatements, or the partitioned layout's
 	unmarkSQL string
 	holdSQL   string
 	obs       *Observer
@@ -263,6 +264,7 @@ func New(cfg Config) (*Relayer, error) {
 		routing:   routing,
 		log:       cfg.Logger.With("outbox", cfg.Tables.OutboxIdent()),
 		claimSQL:  render(claimSQL, cfg.Tables),
+		begin:     claimBeginStatements,
 		unmarkSQL: render(unmarkSQL, cfg.Tables),
 		holdSQL:   render(holdSQL, cfg.Tables),
 		wake:      make(chan struct{}, 1),
@@ -292,7 +294,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	if err := r.detectBinary(ctx); err != nil {
+	if err := r.detectLayout(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -401,12 +403,13 @@ func (r *Relayer) checkSchema(ctx context.Context) error {
 	return nil
 }
 
-// detectBinary picks the claim for the table's payload columns: with
+// detectLayout picks the claim for the table's payload columns: with
 // binary payloads on (or partly, while they are turned on or off: the
 // columns exist), the claim that reads payload_bytes too. A table turned
 // binary after this started gets rows without a JSON payload, which the
-// claim holds (undecodable) until a restart picks the other claim.
-func (r *Relayer) detectBinary(ctx context.Context) error {
+// claim holds (undecodable) until a restart picks the other claim. A
+// partitioned table is claimed with a generic plan (claimBeginPartitioned).
+func (r *Relayer) detectLayout(ctx context.Context) error {
 	m, err := migrate.New(r.cfg.Tables)
 	if err != nil {
 		return err
@@ -415,9 +418,19 @@ func (r *Relayer) detectBinary(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
-	if st != migrate.BinaryOff {
-		r.claimSQL = render(claimBinarySQL, r.cfg.Tables)
-		r.binary = true
+	p, err := m.Partitioning(ctx, r.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	partitioned := p.Layout == migrate.LayoutPartitioned
+	r.binary = st != migrate.BinaryOff
+	claim := map[[2]bool]string{
+		{false, false}: claimSQL, {true, false}: claimBinarySQL,
+		{false, true}: claimPartitionedSQL, {true, true}: claimBinaryPartitionedSQL,
+	}[[2]bool{r.binary, partitioned}]
+	r.claimSQL = render(claim, r.cfg.Tables)
+	if partitioned {
+		r.begin = claimBeginPartitionedStatements
 	}
 	return nil
 }
@@ -518,7 +531,7 @@ func (r *Relayer) claimBatch(ctx context.Context, size int, ahead []int64, held 
 	if ahead == nil {
 		ahead = []int64{}
 	}
-	for _, q := range claimBeginStatements {
+	for _, q := range r.begin {
 		b.Queue(q)
 	}
 	b.Queue(r.claimSQL, size, ahead, r.cfg.MaxBatchBytes)
@@ -544,7 +557,7 @@ func (r *Relayer) sendClaim(ctx context.Context, br pgx.BatchResults, held *clai
 		}
 		r.report(held, held.res)
 	}
-	for range claimBeginStatements {
+	for range r.begin {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
 			return nil, nil, 0, fmt.Errorf("begin: %w", err)

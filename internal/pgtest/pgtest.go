@@ -4,6 +4,7 @@
 package pgtest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -23,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/partition"
 	"github.com/pgoutbox/outbox/internal/pgident"
 	"github.com/pgoutbox/outbox/internal/sqltext"
 	"github.com/pgoutbox/outbox/migrate"
@@ -59,6 +61,15 @@ type Options struct {
 	// BinaryPayloads turns binary payloads on for the outbox table after
 	// migrating it (migrate.Migrator.EnableBinaryPayloads).
 	BinaryPayloads bool
+	// Partitioned makes the outbox table partitioned after migrating it
+	// (migrate.Migrator.EnablePartitioned), with partitions of
+	// PartitionWidth ids (default DefaultPartitionWidth) made for the
+	// first PartitionedIDs ids (default 20 widths). OUTBOX_TEST_LAYOUT=
+	// partitioned turns it on for every test that migrates, so that any
+	// suite can be run against the partitioned layout.
+	Partitioned    bool
+	PartitionWidth int64
+	PartitionedIDs int64
 	// ServerURL is the server to create the schema on, e.g. a throwaway
 	// cluster with other settings (tmppg). Defaults to URL().
 	ServerURL string
@@ -124,8 +135,26 @@ func New(t testing.TB, opts ...Options) *DB {
 			_, err = m.EnableBinaryPayloads(ctx, pool)
 			require.NoError(t, err)
 		}
+		if o.Partitioned || os.Getenv("OUTBOX_TEST_LAYOUT") == "partitioned" {
+			partitionTable(ctx, t, pool, m, tables, o)
+		}
 	}
 	return &DB{Pool: pool, Tables: tables, URL: url}
+}
+
+// DefaultPartitionWidth is the width of a test's partitions (Options).
+const DefaultPartitionWidth = 10_000
+
+func partitionTable(ctx context.Context, t testing.TB, pool *pgxpool.Pool, m *migrate.Migrator, tables outbox.Tables, o Options) {
+	t.Helper()
+	width := cmp.Or(o.PartitionWidth, DefaultPartitionWidth)
+	_, err := m.EnablePartitioned(ctx, pool, migrate.PartitionSettings{Width: width})
+	require.NoError(t, err)
+	ids := cmp.Or(o.PartitionedIDs, 20*width)
+	for from := 2 * width; from < ids; from += width {
+		_, err := partition.Add(ctx, pool, tables, tables.Outbox, from, from+width)
+		require.NoError(t, err)
+	}
 }
 
 // WriteLegacy runs write in one transaction with the outbox table's insert

@@ -22,7 +22,7 @@ func TestStatementsLiveInSQLGoAndAreRegistered(t *testing.T) {
 	for _, st := range sqltext.Registered() {
 		registered[st.Name] = true
 	}
-	for dir, pkg := range map[string]string{"../..": "outbox", "../../relay": "relay", "../../ops": "ops", "../../ops/switchover": "switchover", "../cleanuplock": "cleanuplock", "../../consumer": "consumer", "../../migrate": "migrate"} {
+	for dir, pkg := range map[string]string{"../..": "outbox", "../../relay": "relay", "../../ops": "ops", "../../ops/switchover": "switchover", "../cleanuplock": "cleanuplock", "../partition": "partition", "../../consumer": "consumer", "../../migrate": "migrate"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		require.NoError(t, err)
 		for _, f := range files {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	_ "github.com/pgoutbox/outbox/consumer" // registers its statements
+	"github.com/pgoutbox/outbox/internal/partition"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/sqltext"
 	"github.com/pgoutbox/outbox/migrate"
@@ -38,7 +39,7 @@ func TestEveryStatementRenders(t *testing.T) {
 		require.NotContains(t, sql, "{{", st.Name)
 		require.NotContains(t, sql, "}}", st.Name)
 	}
-	for _, pkg := range []string{"outbox", "relay", "ops", "switchover", "cleanuplock", "consumer", "migrate"} {
+	for _, pkg := range []string{"outbox", "relay", "ops", "switchover", "cleanuplock", "consumer", "migrate", "partition"} {
 		require.NotZero(t, pkgs[pkg], "package %s registers no statement", pkg)
 	}
 }
@@ -49,6 +50,7 @@ func TestEveryStatementRenders(t *testing.T) {
 // instead of the backlog's or the batch's.
 var noOutboxSeqScan = map[string]bool{
 	"relay.claimSQL": true, "relay.claimBinarySQL": true, "relay.unmarkSQL": true, "migrate.binaryRowsSQL": true,
+	"relay.claimPartitionedSQL": true, "relay.claimBinaryPartitionedSQL": true, "ops.partitionRowsSQL": true,
 	"ops.lagSQL": true, "ops.heldSQL": true, "ops.stuckSQL": true, "ops.rateSQL": true,
 	"ops.idProbeSQL": true, "ops.idRangeSQL": true,
 	"ops.outboxCleanupSQL": true, "ops.pruneFailuresSQL": true,
@@ -86,14 +88,27 @@ func (n planNode) walk(fn func(planNode)) {
 // TestStatementPlans EXPLAINs every registered statement of every package,
 // rendered for planTables, against a migrated schema holding a drained
 // table's shape (many dispatched rows, a backlog, a few held and parked
-// rows, dedupe rows), analyzed. Each runs with the generic plan Postgres
-// caches for a prepared statement (the parameters are unknown), except the
-// claim, which the relayer runs with sequential and bitmap scans off
-// (relay.ClaimBegin; relay's TestClaimPlanUsesPendingIndex checks its
-// custom plans in depth). The log lists, per statement, every table access:
-// what touches the outbox, through which index.
+// rows, dedupe rows), analyzed, in both layouts: one table, and the
+// partitioned layout (whose partitions count as the outbox table). Each
+// runs with the generic plan Postgres caches for a prepared statement (the
+// parameters are unknown), except the claim, which the relayer runs with
+// sequential and bitmap scans off (relay.ClaimBegin; relay's
+// TestClaimPlanUsesPendingIndex checks its custom plans in depth). The
+// log lists, per statement, every table access: what touches the outbox,
+// through which index. Templates (sqltext.RegisterTemplates: DDL, or a
+// probe of a detached partition) and the partitioned layout's statements
+// on the plain one are not planned.
 func TestStatementPlans(t *testing.T) {
 	t.Parallel()
+	for _, partitioned := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "partitioned"}[partitioned], func(t *testing.T) {
+			t.Parallel()
+			planStatements(t, partitioned)
+		})
+	}
+}
+
+func planStatements(t *testing.T, partitioned bool) {
 	ctx := context.Background()
 	db := pgtest.New(t, pgtest.Options{NoMigrate: true, MaxConns: 2})
 	tables := planTables(db.Tables.Schema).WithDefaults()
@@ -103,8 +118,47 @@ func TestStatementPlans(t *testing.T) {
 	// payload_bytes plan too; the others do not read the columns.
 	_, err = m.EnableBinaryPayloads(ctx, db.Pool)
 	require.NoError(t, err)
+	if partitioned {
+		// Partitions of 20,000 ids: the seeds below fill two with
+		// dispatched rows, a third with dispatched rows and the backlog,
+		// and leave two empty ahead.
+		_, err = m.EnablePartitioned(ctx, db.Pool, migrate.PartitionSettings{Width: 20_000})
+		require.NoError(t, err)
+		for from := int64(60_000); from < 100_000; from += 20_000 {
+			_, err := partition.Add(ctx, db.Pool, tables, tables.Outbox, from, from+20_000)
+			require.NoError(t, err)
+		}
+	}
 	ids := sqltext.For(tables.Schema, tables.Outbox, tables.Processed)
+	seedPlans(ctx, t, db, ids)
 
+	conn, err := db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	// A partition ahead of the sequence holds no row: scanning it whole
+	// costs nothing, and the planner does.
+	empty := emptyPartitions(ctx, t, db, tables)
+	tableNames := map[string]bool{tables.Outbox: true, tables.Processed: true, tables.Outbox + "_failures": true, tables.Outbox + "_parked": true, tables.Outbox + "_migrations": true, tables.Outbox + "_partitioning": true, tables.Outbox + "_id_seq": true}
+	explained := 0
+	for _, st := range sqltext.Registered() {
+		sql := sqltext.Render(st.SQL, ids)
+		switch strings.TrimSuffix(strings.Fields(sql)[0], ";") {
+		case "BEGIN", "CREATE", "ALTER", "DROP", "DO", "LOCK":
+			continue // a transaction opener, DDL or a block: nothing to plan
+		}
+		if st.Template || (!partitioned && strings.Contains(st.SQL, "{{partitioning}}")) {
+			continue
+		}
+		summary, accesses := explainGeneric(ctx, t, conn.Conn(), st.Name, sql)
+		explained++
+		checkAccesses(t, st.Name, summary, accesses, tables, tableNames, empty)
+		t.Logf("%-34s %s", st.Name, summary)
+	}
+	require.Greater(t, explained, 30)
+}
+
+// seedPlans fills the plan test's tables.
+func seedPlans(ctx context.Context, t *testing.T, db *pgtest.DB, ids sqltext.Idents) {
 	for _, seed := range []string{
 		`INSERT INTO {{outbox}} (aggregate_id, type, payload, dispatched_at)
 		 SELECT md5((g % 500)::text)::uuid, 'order.placed', '{}', now() - interval '1 day' FROM generate_series(1, 50000) g`,
@@ -122,41 +176,53 @@ func TestStatementPlans(t *testing.T) {
 		_, err := db.Pool.Exec(ctx, sqltext.Render(seed, ids))
 		require.NoError(t, err, seed)
 	}
+}
 
-	conn, err := db.Pool.Acquire(ctx)
+// emptyPartitions names the partitions of the outbox that hold no row.
+func emptyPartitions(ctx context.Context, t *testing.T, db *pgtest.DB, tables outbox.Tables) map[string]bool {
+	rows, err := db.Pool.Query(ctx, `SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = $1::regclass AND c.oid NOT IN (SELECT DISTINCT tableoid FROM `+tables.OutboxIdent()+`)`, tables.OutboxIdent())
 	require.NoError(t, err)
-	defer conn.Release()
-	tableNames := map[string]bool{tables.Outbox: true, tables.Processed: true, tables.Outbox + "_failures": true, tables.Outbox + "_parked": true, tables.Outbox + "_migrations": true}
-	explained := 0
-	for _, st := range sqltext.Registered() {
-		sql := sqltext.Render(st.SQL, ids)
-		switch strings.TrimSuffix(strings.Fields(sql)[0], ";") {
-		case "BEGIN", "CREATE", "ALTER", "DROP":
-			continue // a transaction opener or DDL: nothing to plan
-		}
-		summary, accesses := explainGeneric(ctx, t, conn.Conn(), st.Name, sql)
-		explained++
-		var outbox []string
-		for _, a := range accesses {
-			if !tableNames[a.RelationName] && !strings.HasPrefix(a.RelationName, "pg_") {
-				require.Fail(t, "unexpected relation", "%s reads %s, neither one of this outbox's tables nor a catalog", st.Name, a.RelationName)
-			}
-			if a.RelationName == tables.Outbox {
-				outbox = append(outbox, a.NodeType)
-			}
-		}
-		if insertOnly[st.Name] {
-			for _, a := range accesses {
-				require.Equal(t, "ModifyTable", a.NodeType, "%s should only insert, yet it reads %s: %s", st.Name, a.RelationName, summary)
-			}
-		}
-		if noOutboxSeqScan[st.Name] {
-			require.NotEmpty(t, outbox, "%s should read the outbox table", st.Name)
-			require.NotContains(t, outbox, "Seq Scan", "%s scans the whole outbox table: %s", st.Name, summary)
-		}
-		t.Logf("%-34s %s", st.Name, summary)
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	out := map[string]bool{}
+	for _, n := range names {
+		out[n] = true
 	}
-	require.Greater(t, explained, 30)
+	return out
+}
+
+// checkAccesses checks one statement's table accesses: only this
+// outbox's tables (a partition counting as the outbox table) and the
+// catalog, insert-only statements reading nothing, and no sequential scan
+// of the outbox by the statements that must walk an index.
+func checkAccesses(t *testing.T, name, summary string, accesses []planNode, tables outbox.Tables, tableNames, empty map[string]bool) {
+	var outbox []string
+	for _, a := range accesses {
+		rel := a.RelationName
+		if strings.HasPrefix(rel, tables.Outbox+"_p0") {
+			rel = tables.Outbox // a partition
+		}
+		if !tableNames[rel] && !strings.HasPrefix(rel, "pg_") {
+			require.Fail(t, "unexpected relation", "%s reads %s, neither one of this outbox's tables nor a catalog", name, a.RelationName)
+		}
+		if rel == tables.Outbox && !empty[a.RelationName] {
+			outbox = append(outbox, a.NodeType)
+		}
+	}
+	if insertOnly[name] {
+		for _, a := range accesses {
+			require.Equal(t, "ModifyTable", a.NodeType, "%s should only insert, yet it reads %s: %s", name, a.RelationName, summary)
+		}
+	}
+	if noOutboxSeqScan[name] {
+		// A partitioned outbox's partitions may all be pruned when the
+		// plan starts (the NULL parameters match none).
+		if len(empty) == 0 {
+			require.NotEmpty(t, outbox, "%s should read the outbox table", name)
+		}
+		require.NotContains(t, outbox, "Seq Scan", "%s scans the whole outbox table: %s", name, summary)
+	}
 }
 
 // explainGeneric prepares sql, EXPLAINs its generic plan with every
@@ -168,7 +234,7 @@ func explainGeneric(ctx context.Context, t *testing.T, conn *pgx.Conn, name, sql
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // always rolled back
 	settings := "SET LOCAL plan_cache_mode = force_generic_plan"
-	if name == "relay.claimSQL" || name == "relay.claimBinarySQL" {
+	if strings.HasPrefix(name, "relay.claim") {
 		settings += "; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
 	}
 	_, err = tx.Exec(ctx, settings)

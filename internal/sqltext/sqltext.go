@@ -66,6 +66,9 @@ type Idents struct {
 	// PayloadJSONOnly is the CHECK that turning binary payloads off adds
 	// for a moment, to refuse new binary rows and prove none is left.
 	PayloadJSONOnly string // {{payload_json_only}}: <outbox>_payload_json_only
+	// Partitioning is the table of a partitioned outbox's settings and
+	// retention state (migrate.Migrator.EnablePartitioned).
+	Partitioning string // {{partitioning}}: <outbox>_partitioning
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -98,6 +101,7 @@ func For(schema, outbox, processed string) Idents {
 		PayloadCheck:       pgident.Quote(trim(outbox + "_payload_kind")),
 		ParkedPayloadCheck: pgident.Quote(trim(outbox + "_parked_payload_kind")),
 		PayloadJSONOnly:    pgident.Quote(trim(outbox + "_payload_json_only")),
+		Partitioning:       q(outbox + "_partitioning"),
 	}
 }
 
@@ -154,6 +158,8 @@ func (ids Idents) lookup(name string) string {
 		return ids.ParkedPayloadCheck
 	case "payload_json_only":
 		return ids.PayloadJSONOnly
+	case "partitioning":
+		return ids.Partitioning
 	}
 	return ""
 }
@@ -177,7 +183,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only, partitioning)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)
@@ -191,6 +197,12 @@ type Statement struct {
 	Name string
 	// SQL has placeholders for Render.
 	SQL string
+	// Template is set for a statement that also names one table known
+	// only at run time (a partition of the outbox): a %s that the
+	// package fills, after Render, with that table's quoted name. It is
+	// rendered like any other, but not planned: it is DDL, or a probe of
+	// a table detached from the outbox.
+	Template bool
 }
 
 var (
@@ -206,6 +218,17 @@ func Register(pkg string, stmts map[string]string) struct{} {
 	defer mu.Unlock()
 	for name, sql := range stmts {
 		statements = append(statements, Statement{Name: pkg + "." + name, SQL: sql})
+	}
+	return struct{}{}
+}
+
+// RegisterTemplates is Register for statements that also name one table
+// known only at run time (Statement.Template).
+func RegisterTemplates(pkg string, stmts map[string]string) struct{} {
+	mu.Lock()
+	defer mu.Unlock()
+	for name, sql := range stmts {
+		statements = append(statements, Statement{Name: pkg + "." + name, SQL: sql, Template: true})
 	}
 	return struct{}{}
 }

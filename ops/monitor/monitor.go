@@ -62,6 +62,11 @@ type Config struct {
 	// Cleanup configures the cleanup job; its Tables, Source and Logger are
 	// the Monitor's.
 	Cleanup ops.CleanupConfig
+	// PartitionInterval is how often, for a partitioned outbox, the
+	// partitions it needs ahead of its id sequence are made
+	// (ops.EnsurePartitions), cleanup or not; the first run is at start.
+	// Defaults to DefaultPartitionInterval (10m).
+	PartitionInterval time.Duration
 	// Checks are readiness checks besides the database ping, e.g. a broker
 	// ping. Defaults to none.
 	Checks []ReadyCheck
@@ -111,6 +116,7 @@ type Monitor struct {
 	reg     *prometheus.Registry
 	metrics *Metrics   // the polling source's
 	wal     *walGauges // the WAL source's
+	parts   partitionGauges
 }
 
 // WithDefaults returns cfg with its zero fields set to their defaults,
@@ -140,6 +146,7 @@ func (cfg *Config) durations() []durations.Default {
 		{Name: "WatchdogInterval", V: &cfg.WatchdogInterval, Def: DefaultWatchdogInterval},
 		{Name: "CleanupInterval", V: &cfg.CleanupInterval, Def: DefaultCleanupInterval},
 		{Name: "CheckTimeout", V: &cfg.CheckTimeout, Def: DefaultCheckTimeout},
+		{Name: "PartitionInterval", V: &cfg.PartitionInterval, Def: DefaultPartitionInterval},
 	}
 }
 
@@ -212,6 +219,7 @@ func (m *Monitor) Handler() http.Handler {
 func (m *Monitor) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { every(ctx, m.cfg.RefreshInterval, m.Refresh) })
+	wg.Go(func() { every(ctx, m.cfg.PartitionInterval, m.KeepPartitions) })
 	wg.Go(func() {
 		if m.cfg.Source.IsWAL() {
 			// On an outbox's first start the leader creates the slot a
@@ -284,6 +292,7 @@ func (m *Monitor) watchdog(ctx context.Context) {
 		}
 		return
 	}
+	m.watchPartitions(rep)
 	if m.wal != nil {
 		for _, p := range rep.Problems {
 			m.log.Warn("replication slot unhealthy", "problem", p, "lag_bytes", rep.Slot.LagBytes, "wal_status", rep.Slot.WALStatus)
@@ -292,6 +301,17 @@ func (m *Monitor) watchdog(ctx context.Context) {
 	}
 	m.metrics.SetLag(rep.Lag, m.cfg.Watchdog.MaxLag)
 	logPollingReport(m.log, rep)
+}
+
+// countPartitions counts what a cleanup of a partitioned outbox made and
+// dropped.
+func (m *Monitor) countPartitions(res ops.CleanupResult) {
+	if res.Partitions == nil {
+		return
+	}
+	m.parts.register(m.reg)
+	m.parts.created.Add(float64(len(res.Partitions.Ensure.Created)))
+	m.parts.dropped.Add(float64(len(res.Partitions.Dropped)))
 }
 
 func logPollingReport(log *slog.Logger, rep ops.Report) {
@@ -321,6 +341,7 @@ func (m *Monitor) cleanup(ctx context.Context) {
 		m.log.Debug("cleanup skipped: another replica is running it")
 		return
 	case err != nil:
+		m.countPartitions(res)
 		if ctx.Err() == nil {
 			m.log.Warn("cleanup failed; will retry at the next interval", "err", err, "deleted", res.Outbox.Deleted)
 		}
@@ -329,6 +350,10 @@ func (m *Monitor) cleanup(ctx context.Context) {
 	args := []any{"outbox_deleted", res.Outbox.Deleted, "outbox_batches", res.Outbox.Batches, "outbox_duration", res.Outbox.Duration.Round(time.Millisecond),
 		"processed_deleted", res.Processed.Deleted, "processed_batches", res.Processed.Batches,
 		"failures_pruned", res.Failures, "next_in", m.cfg.CleanupInterval}
+	if p := res.Partitions; p != nil {
+		m.countPartitions(res)
+		args = append(args, "partitions_dropped", len(p.Dropped), "partitions_kept", len(p.Kept), "partitions_created", len(p.Ensure.Created))
+	}
 	if m.wal != nil {
 		m.wal.observeCleanup(res)
 		args = append(args, "mode", "wal", "wal_horizon", res.WALHorizon)

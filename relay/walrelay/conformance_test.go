@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/migrate"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/sourcetest"
@@ -27,6 +28,25 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	needLogical(t)
 	sourcetest.Run(t, walSource())
+}
+
+// The WAL source passes the suite on a partitioned outbox too (the
+// partitioned layout): its publication publishes the partitions' inserts
+// as the outbox's.
+func TestConformancePartitioned(t *testing.T) {
+	t.Parallel()
+	url := needLogical(t)
+	src := walSource()
+	src.Name = "wal, partitioned"
+	src.Open = func(t *testing.T) *sourcetest.DB {
+		t.Helper()
+		db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url, Partitioned: true, PartitionWidth: 5000, PartitionedIDs: 100_000})
+		slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
+		t.Cleanup(func() { teardown(t, db, slot) })
+		require.NoError(t, walrelay.Setup(context.Background(), db.Pool, db.Tables, slot, slot))
+		return (*sourcetest.DB)(db)
+	}
+	sourcetest.Run(t, src)
 }
 
 // walSource plugs the WAL source into the shared suite: the logical

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -69,15 +70,22 @@ func (it *item) size() int {
 // relation is a relation the stream announced; cols locates the outbox's
 // columns by name (the positions are the table's, whatever they are).
 type relation struct {
-	outbox bool
-	name   string
-	cols   map[string]int
+	outbox    bool
+	partition bool // of the outbox (newRelation)
+	name      string
+	cols      map[string]int
 }
 
 var requiredCols = []string{"id", "aggregate_id", "type", "payload"}
 
 func newRelation(m *pglogrepl.RelationMessage, t outbox.Tables) (*relation, error) {
 	r := &relation{name: m.Namespace + "." + m.RelationName, cols: map[string]int{}}
+	// A partition of a partitioned outbox. pgoutput describes it beside
+	// the outbox even when it reports the partition's inserts as the
+	// outbox's (publish_via_partition_root); an insert reported as the
+	// partition's means a publication without it slipped past Setup, and
+	// skipping it would confirm the slot past an event.
+	r.partition = m.Namespace == t.Schema && strings.HasPrefix(m.RelationName, t.Outbox+"_p") && hasColumns(m, requiredCols)
 	if m.Namespace != t.Schema || m.RelationName != t.Outbox {
 		return r, nil
 	}
@@ -91,6 +99,20 @@ func newRelation(m *pglogrepl.RelationMessage, t outbox.Tables) (*relation, erro
 		}
 	}
 	return r, nil
+}
+
+// hasColumns reports whether the relation m has every column of cols.
+func hasColumns(m *pglogrepl.RelationMessage, cols []string) bool {
+	have := map[string]bool{}
+	for _, c := range m.Columns {
+		have[c.Name] = true
+	}
+	for _, c := range cols {
+		if !have[c] {
+			return false
+		}
+	}
+	return true
 }
 
 // col returns the text of the named column, nil for NULL or a column the
@@ -243,6 +265,9 @@ func (st *streamer) decode(xld pglogrepl.XLogData) error {
 		rel, ok := st.rels[m.RelationID]
 		if !ok {
 			return fmt.Errorf("walrelay: insert into relation %d before its description", m.RelationID)
+		}
+		if rel.partition {
+			return fmt.Errorf("walrelay: the stream reports an insert into %s, a partition of %s, instead of into the table: its publication must have publish_via_partition_root = true (outbox relay --mode wal --teardown, then start the relay again)", rel.name, st.r.cfg.Tables.OutboxIdent())
 		}
 		if !rel.outbox {
 			return nil

@@ -102,19 +102,22 @@ func logicalOutbox(t testing.TB) (*pgtest.DB, string) {
 	url := needLogical(t)
 	db := pgtest.New(t, pgtest.Options{MaxConns: 16, ServerURL: url})
 	slot := walrelay.DefaultNameOf(db.Pool, db.Tables)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		// The relayers are stopped by now (cleanups run in reverse).
-		for ctx.Err() == nil {
-			if err := walrelay.Teardown(ctx, db.Pool, slot, slot); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		t.Logf("teardown of slot %s failed", slot)
-	})
+	t.Cleanup(func() { teardown(t, db, slot) })
 	return db, slot
+}
+
+// teardown drops the slot and publication slot once the relayers let go
+// of them (cleanups run in reverse: they are stopped by now).
+func teardown(t testing.TB, db *pgtest.DB, slot string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		if err := walrelay.Teardown(ctx, db.Pool, slot, slot); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("teardown of slot %s failed", slot)
 }
 
 func (b *bundle) relayer(t testing.TB, mod func(*walrelay.Config)) *walrelay.Relayer {

@@ -182,12 +182,26 @@ func Setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, publication).Scan(&exists); err != nil {
 		return fmt.Errorf("walrelay: look up publication %s: %w", publication, err)
 	}
+	partitioned, err := isPartitioned(ctx, db, t)
+	if err != nil {
+		return err
+	}
 	if !exists {
-		_, err := db.Exec(ctx, "CREATE PUBLICATION "+pgident.Quote(publication)+" FOR TABLE "+t.OutboxIdent()+" WITH (publish = 'insert')")
+		// A partitioned outbox (the partitioned layout) is published as
+		// itself: without publish_via_partition_root, pgoutput reports
+		// each insert as its partition's, which is not the outbox.
+		with := "publish = 'insert'"
+		if partitioned {
+			with += ", publish_via_partition_root = true"
+		}
+		_, err := db.Exec(ctx, "CREATE PUBLICATION "+pgident.Quote(publication)+" FOR TABLE "+t.OutboxIdent()+" WITH ("+with+")")
 		var pgErr *pgconn.PgError
 		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // duplicate_object: a concurrent Setup
 			return fmt.Errorf("walrelay: create publication %s for %s: %w", publication, t.OutboxIdent(), err)
 		}
+	}
+	if err := publishViaRoot(ctx, db, t, slot, publication, partitioned); err != nil {
+		return err
 	}
 	if err := checkPublication(ctx, db, t, publication); err != nil {
 		return err
@@ -227,19 +241,59 @@ func Setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication
 	return nil
 }
 
+// isPartitioned reports whether the outbox table is partitioned (the
+// partitioned layout).
+func isPartitioned(ctx context.Context, db outbox.DB, t outbox.Tables) (bool, error) {
+	var partitioned bool
+	if err := db.QueryRow(ctx, partitionedSQL, t.OutboxIdent()).Scan(&partitioned); err != nil {
+		return false, fmt.Errorf("walrelay: read the layout of %s: %w", t.OutboxIdent(), err)
+	}
+	return partitioned, nil
+}
+
+// publishViaRoot makes the publication of a partitioned outbox publish its
+// inserts as the outbox's (publish_via_partition_root) when it does not
+// yet and its slot does not exist: nothing was decoded with the setting
+// off. With a slot, changes it has not confirmed would still be decoded
+// as their partitions' (pgoutput reads the publication as of each
+// change): checkPublication refuses, and says how to start again.
+func publishViaRoot(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string, partitioned bool) error {
+	if !partitioned {
+		return nil
+	}
+	var viaRoot, slotExists bool
+	if err := db.QueryRow(ctx, publicationViaRootSQL, publication, slot).Scan(&viaRoot, &slotExists); err != nil {
+		return fmt.Errorf("walrelay: read publication %s: %w", publication, err)
+	}
+	if viaRoot || slotExists {
+		return nil
+	}
+	if _, err := db.Exec(ctx, "ALTER PUBLICATION "+pgident.Quote(publication)+" SET (publish_via_partition_root = true)"); err != nil {
+		return fmt.Errorf("walrelay: make publication %s publish the partitioned %s as itself (the role must own the publication): %w", publication, t.OutboxIdent(), err)
+	}
+	return nil
+}
+
 // checkPublication fails with ErrNotThisOutbox unless publication
 // publishes the inserts of exactly the outbox table: a relayer streaming
 // another table's publication would publish nothing and confirm the slot.
+// A partitioned outbox must be published as itself
+// (publish_via_partition_root).
 func checkPublication(ctx context.Context, db outbox.DB, t outbox.Tables, publication string) error {
 	var (
-		found, inserts bool
-		tables         []string
+		found, inserts, viaRoot, partitioned bool
+		tables                               []string
 	)
 	if err := db.QueryRow(ctx, publicationTablesSQL, publication).Scan(&found, &inserts, &tables); err != nil {
 		return fmt.Errorf("walrelay: read the tables of publication %s: %w", publication, err)
 	}
+	if err := db.QueryRow(ctx, publicationRootSQL, publication, t.OutboxIdent()).Scan(&viaRoot, &partitioned); err != nil {
+		return fmt.Errorf("walrelay: read publication %s: %w", publication, err)
+	}
 	want := t.Schema + "." + t.Outbox
 	switch {
+	case found && partitioned && !viaRoot:
+		return fmt.Errorf("%w: %s is partitioned, and publication %s publishes its inserts as its partitions' (publish_via_partition_root is off), which the relay cannot tell for the outbox's: stop the WAL relayers, drop the slot and the publication (outbox relay --mode wal --teardown; events the slot had not confirmed are then relayed with outbox relay --mode poll), and start the relay again: it creates the publication with publish_via_partition_root = true", ErrNotThisOutbox, t.OutboxIdent(), publication)
 	case !found:
 		return fmt.Errorf("walrelay: no publication %s in this database: let the relay create it (do not set SkipSetup / --skip-setup) or create it with walrelay.Setup", publication)
 	case len(tables) != 1 || tables[0] != want:

@@ -61,6 +61,20 @@ const publicationTablesSQL = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE 
   coalesce((SELECT pubinsert FROM pg_publication WHERE pubname = $1), false),
   coalesce((SELECT array_agg(schemaname::text || '.' || tablename::text ORDER BY 1) FROM pg_publication_tables WHERE pubname = $1), '{}')`
 
+// partitionedSQL reads whether the table $1 (quoted) is partitioned.
+const partitionedSQL = `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`
+
+// publicationViaRootSQL reads whether publication $1 publishes partitions'
+// changes as their root's, and whether slot $2 exists.
+const publicationViaRootSQL = `SELECT coalesce((SELECT pubviaroot FROM pg_publication WHERE pubname = $1), false),
+  EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)`
+
+// publicationRootSQL reads whether publication $1 publishes partitions'
+// changes as their root's, and whether the outbox table $2 (quoted) is
+// partitioned.
+const publicationRootSQL = `SELECT coalesce((SELECT pubviaroot FROM pg_publication WHERE pubname = $1), false),
+  coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($2)), false)`
+
 // publicationFilterSQL reads whether publication $1 publishes only some
 // rows (a WHERE clause) or some columns (a column list) of the table $2:
 // Postgres 15 and later have both (pg_publication_rel.prqual, prattrs).
@@ -82,6 +96,7 @@ const streamHolderSQL = `SELECT coalesce((SELECT application_name FROM pg_stat_a
 
 var _ = sqltext.Register("walrelay", map[string]string{
 	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "parkBinarySQL": parkBinarySQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
+	"partitionedSQL": partitionedSQL, "publicationViaRootSQL": publicationViaRootSQL, "publicationRootSQL": publicationRootSQL,
 	"emitMessageACLSQL": emitMessageACLSQL, "publicationTablesSQL": publicationTablesSQL, "publicationFilterSQL": publicationFilterSQL, "slotHomeSQL": slotHomeSQL, "legacySQL": legacySQL, "emitMessageFuncsSQL": emitMessageFuncsSQL,
 })
 
