@@ -105,6 +105,11 @@ type retentionLayout struct {
 func retentionLayouts() []retentionLayout {
 	return []retentionLayout{
 		{key: "delete", name: "plain table, batched DELETE"},
+		{key: "drop", name: "partitioned, a partition a day, DETACH CONCURRENTLY + DROP", prepare: func(ctx context.Context, e *env, first, perDay int64) error {
+			// The 9 days, and 3 widths ahead: EnsurePartitions keeps 2, so
+			// the one ops.Cleanup runs first makes none while measured.
+			return partitionOutbox(ctx, e, perDay, first, first+(retentionDays+3)*perDay)
+		}},
 	}
 }
 
@@ -125,6 +130,9 @@ type retentionArm struct {
 	during    []time.Duration
 	extended  bool // the cleanup was shorter than retentionMinDuring slots
 	business  int64
+	// parts is what ops.Cleanup did to the partitions; nil for a plain
+	// outbox.
+	parts *ops.PartitionCleanup
 }
 
 func runRetention(ctx context.Context, s *session) (*Result, error) {
@@ -289,8 +297,30 @@ func fillDays(ctx context.Context, e *env, label string, end time.Time, days, n,
 	return nil
 }
 
-// retentionDays is retentionSpan in days.
-const retentionDays = int64(retentionSpan / (24 * time.Hour))
+// retentionDays is retentionSpan in days, retentionKeepDays
+// retentionKeep.
+const (
+	retentionDays     = int64(retentionSpan / (24 * time.Hour))
+	retentionKeepDays = int64(retentionKeep / (24 * time.Hour))
+)
+
+// checkDropped checks that a partitioned outbox's cleanup dropped want
+// partitions (a day each), kept none that was due and made none ahead
+// (the scenario made them: making one would be measured with the drop).
+// Nothing to check for a plain outbox (pc nil).
+func checkDropped(pc *ops.PartitionCleanup, want int64) error {
+	switch {
+	case pc == nil:
+		return nil
+	case len(pc.Kept) > 0:
+		return fmt.Errorf("ops.Cleanup kept partition %s (%s: %s); the scenario's rows are all dispatched", pc.Kept[0].Name, pc.Kept[0].Reason, pc.Kept[0].Detail)
+	case int64(len(pc.Dropped)) != want:
+		return fmt.Errorf("ops.Cleanup dropped %d partitions; want %d (a day each)", len(pc.Dropped), want)
+	case len(pc.Ensure.Created) > 0:
+		return fmt.Errorf("ops.Cleanup made %d partitions ahead while measured; the scenario should have made them before", len(pc.Ensure.Created))
+	}
+	return nil
+}
 
 // retentionFillCount is how many events the scenario fills for the
 // configured count: a multiple of the days, so that every day holds as
@@ -364,7 +394,10 @@ func retentionMeasure(ctx context.Context, e *env, l retentionLayout, anchor tim
 	if err != nil {
 		return err
 	}
-	a.took, a.deleted, a.serverWAL = t1.Sub(t0), cr.Outbox.Deleted, lsn1-lsn0
+	a.took, a.deleted, a.serverWAL, a.parts = t1.Sub(t0), cr.Outbox.Deleted, lsn1-lsn0, cr.Partitions
+	if err := checkDropped(a.parts, retentionDays-retentionKeepDays); err != nil {
+		return err
+	}
 	end := t1
 	if n := len(load.between(t0, t1)); n < retentionMinDuring {
 		a.extended = true

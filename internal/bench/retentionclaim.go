@@ -26,6 +26,12 @@ type claimLayout struct {
 func claimLayouts() []claimLayout {
 	return []claimLayout{
 		{key: "plain", name: "plain table"},
+		{key: "partitions_1", name: "partitioned, 1 partition", prepare: func(ctx context.Context, e *env, first, n int64) error {
+			return partitionOutbox(ctx, e, n, first, first+n)
+		}},
+		{key: "partitions_30", name: "partitioned, 30 partitions (a day each)", prepare: func(ctx context.Context, e *env, first, n int64) error {
+			return partitionOutbox(ctx, e, n/claimDays, first, first+n)
+		}},
 	}
 }
 
