@@ -500,6 +500,9 @@ func retentionRows(res *Result, l retentionLayout, a retentionArm, deleteWAL int
 	} {
 		res.metric(key+k, v)
 	}
+	if a.parts != nil {
+		res.metric(key+"partitions_dropped", float64(len(a.parts.Dropped)))
+	}
 	wal, vs := "not measured", "-"
 	if a.wal >= 0 {
 		wal = walBytes(a.wal) + fmt.Sprintf(" (%s FPI, %s statements)", thousands(a.fpi), thousands(a.calls))

@@ -15,8 +15,10 @@ import (
 
 // The cleanup scenario with --short: each layout's cleanup removes
 // exactly the two oldest days of the fill (the scenario itself checks
-// that no older row is left and every pending row is), and its WAL, dead
-// tuples and the business latencies around it are measured.
+// that no older row is left and every pending row is), the batched DELETE
+// by deleting them, the partitioned layout by dropping two partitions;
+// their WAL, dead tuples and the business latencies around them are
+// measured, and the claim on every layout.
 func TestShortCleanupScenarioRemovesTwoDays(t *testing.T) {
 	t.Parallel()
 	if !tmppg.Available() {
@@ -45,4 +47,24 @@ func TestShortCleanupScenarioRemovesTwoDays(t *testing.T) {
 	require.GreaterOrEqual(t, m[k+"business_during_samples"], 200.0)
 	require.Positive(t, m[k+"business_during_p99_ms"])
 	require.Positive(t, m[k+"business_p99_ms"])
+
+	k = "cleanup.drop."
+	require.EqualValues(t, removed, m[k+"removed"], "the same rows")
+	require.EqualValues(t, 2, m[k+"partitions_dropped"], "a partition a day")
+	require.Zero(t, m[k+"dead_tuples"], "a dropped partition leaves no dead tuple")
+	require.Positive(t, m[k+"wal_bytes"], "the detach and drop write catalog WAL")
+	require.Positive(t, m[k+"wal_vs_delete"])
+	require.GreaterOrEqual(t, m[k+"business_during_samples"], 200.0)
+
+	for _, l := range []string{"plain", "partitions_1", "partitions_30"} {
+		require.Positive(t, m["cleanup.claim."+l+".p50_ms"], l)
+		require.Positive(t, m["cleanup.claim."+l+".planning_ms"], l)
+	}
+	require.EqualValues(t, 1, m["cleanup.claim.partitions_1.ratio"], "the base of the ratios")
+	var targets []string
+	for _, tg := range results[0].Targets {
+		targets = append(targets, tg.Name)
+	}
+	require.ElementsMatch(t, []string{"claim with 30 partitions", "retention by partition drop: WAL", "retention by partition drop: dead tuples",
+		"business p99 during retention by partition drop"}, targets)
 }
