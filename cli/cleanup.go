@@ -45,7 +45,17 @@ dispatched_at, but only rows committed before a WAL position the slot has
 confirmed (the broker has their events): it notes the position, waits up to
 --confirm-wait for the slot to pass it, and otherwise deletes no outbox row
 and exits 1. A lost, unreserved or missing slot also deletes nothing: the
-table is then where its missing events are republished from.`,
+table is then where its missing events are republished from.
+
+A partitioned outbox ('outbox migrate up --partitioned') deletes no row:
+cleanup first makes the partitions it needs ahead of its id sequence, then
+detaches (DETACH PARTITION ... CONCURRENTLY) and drops each partition whose
+newest row is older than --retention and that holds no pending row and no
+parked row's id (from the WAL: once the slot confirmed a position after its
+last transaction). It checks the partition again after the detach and
+attaches it back when a row became pending meanwhile. A partition kept past
+the retention is printed with why; 'outbox partitions list' shows them all.
+A cleanup killed mid-way is finished by the next one.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error { return runCleanup(c, g, o) },
 	}
@@ -113,7 +123,7 @@ func runCleanup(c *cobra.Command, g *globals, o *cleanupOptions) (retErr error) 
 	}
 	printOutboxCleanup(g, *cfg, res, wal, ws.Name)
 	var walErr error
-	if errors.Is(err, ops.ErrSlotBehind) {
+	if errors.Is(err, ops.ErrSlotBehind) || errors.Is(err, ops.ErrPartitionsAhead) {
 		walErr, err = err, nil // the rest ran; report it, then fail
 	}
 	if err != nil {
@@ -135,6 +145,10 @@ func runCleanup(c *cobra.Command, g *globals, o *cleanupOptions) (retErr error) 
 // table, unless it failed before deleting anything.
 func printOutboxCleanup(g *globals, cfg ops.CleanupConfig, res ops.CleanupResult, wal bool, slot string) {
 	t := cfg.Tables
+	if res.Partitions != nil {
+		printPartitionCleanup(g.stdout, t.OutboxIdent(), cfg, res.Partitions)
+		return
+	}
 	if wal && res.WALHorizon != "" {
 		fmt.Fprintf(g.stdout, "%s: deleted %d rows older than %s (created before %s) and committed before %s, which slot %s has confirmed, in %d %s, %s\n",
 			t.OutboxIdent(), res.Outbox.Deleted, formatDays(cfg.Retention), res.OutboxCutoff.UTC().Format(time.RFC3339), res.WALHorizon, slot,

@@ -7,8 +7,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/partition"
 	"github.com/pgoutbox/outbox/migrate"
 )
 
@@ -33,7 +35,10 @@ print' writes the SQL for a migration tool of your own.`,
 }
 
 func newMigrateUpCmd(g *globals) *cobra.Command {
-	var binary bool
+	var (
+		binary, partitioned bool
+		settings            migrate.PartitionSettings
+	)
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Apply every pending migration",
@@ -44,9 +49,21 @@ exact bytes with a content type of their own (Protobuf, Avro, JSON as
 written), which the relay publishes byte for byte. Catalog changes only, each
 in a short transaction that waits at most 2s for its lock (and is retried):
 no table rewrite. Running it again is a no-op; without the flag, a table's
-setting is left as it is. 'migrate down --binary-payloads' turns it off.`,
+setting is left as it is. 'migrate down --binary-payloads' turns it off.
+
+With --partitioned it makes the outbox table partitioned on id: partitions of
+--partition-width ids, made ahead of the id sequence by 'outbox relay' (and
+'outbox partitions ensure') to last --partition-ahead at the recent rate, and
+dropped whole by retention instead of deleted row by row. It replaces an empty
+outbox table only (a fresh install), keeping its name, columns, id sequence,
+guard and grants; on a partitioned one it changes the settings given. The
+settings live in the database (<table>_partitioning), so every process agrees.
+Binaries from before the layout refuse the table. See docs/partitioning.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			if err := checkPartitionFlags(c, partitioned, settings); err != nil {
+				return err
+			}
 			m, pool, err := g.migrator(c)
 			if err != nil {
 				return err
@@ -60,6 +77,11 @@ setting is left as it is. 'migrate down --binary-payloads' turns it off.`,
 			if err != nil {
 				return err
 			}
+			if partitioned {
+				if _, err := m.EnablePartitioned(c.Context(), pool, settings); err != nil {
+					return err
+				}
+			}
 			t, _ := g.tables()
 			for _, v := range applied {
 				fmt.Fprintf(g.stdout, "applied version %d (%s)\n", v, m.Migrations()[v-1].Name)
@@ -72,11 +94,56 @@ setting is left as it is. 'migrate down --binary-payloads' turns it off.`,
 			if binary {
 				fmt.Fprintf(g.stdout, "binary payloads are on for %s; set outbox.Config.BinaryPayloads in its producers\n", t.OutboxIdent())
 			}
+			if partitioned {
+				return printPartitioning(c, g, m, pool)
+			}
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&binary, "binary-payloads", false, "also turn binary payloads on for the outbox table (payload_bytes and content_type columns)")
+	f := cmd.Flags()
+	f.BoolVar(&binary, "binary-payloads", false, "also turn binary payloads on for the outbox table (payload_bytes and content_type columns)")
+	f.BoolVar(&partitioned, "partitioned", false, "also make the (empty) outbox table partitioned on id, its old partitions dropped by retention")
+	addPartitionFlags(f, &settings)
 	return cmd
+}
+
+// addPartitionFlags registers the partitioned layout's settings (zero:
+// the defaults, or as recorded).
+func addPartitionFlags(f *pflag.FlagSet, s *migrate.PartitionSettings) {
+	f.Int64Var(&s.Width, "partition-width", 0, fmt.Sprintf("with --partitioned: ids per partition (default %d; about a day at 1,000 events/s)", migrate.DefaultPartitionWidth))
+	durationVar(f, &s.Ahead, "partition-ahead", 0, "with --partitioned: how long the partitions made ahead of the id sequence last at the recent rate (default "+formatDays(migrate.DefaultPartitionAhead)+")")
+}
+
+// checkPartitionFlags refuses the partition settings without
+// --partitioned, or out of range.
+func checkPartitionFlags(c *cobra.Command, partitioned bool, s migrate.PartitionSettings) error {
+	if !partitioned && (c.Flags().Changed("partition-width") || c.Flags().Changed("partition-ahead")) {
+		return fmt.Errorf("--partition-width and --partition-ahead are settings of the partitioned layout: add --partitioned")
+	}
+	if (c.Flags().Changed("partition-width") && s.Width < migrate.MinPartitionWidth) || (c.Flags().Changed("partition-ahead") && s.Ahead <= 0) {
+		return fmt.Errorf("--partition-width %d and --partition-ahead %s: give at least %d ids and a positive duration, e.g. 100000000 and 3d", s.Width, formatDays(s.Ahead), migrate.MinPartitionWidth)
+	}
+	return nil
+}
+
+// printPartitioning prints the outbox's layout and, partitioned, its
+// settings and partitions.
+func printPartitioning(c *cobra.Command, g *globals, m *migrate.Migrator, db outbox.DB) error {
+	p, err := m.Partitioning(c.Context(), db)
+	if err != nil {
+		return err
+	}
+	if p.Layout != migrate.LayoutPartitioned {
+		fmt.Fprintf(g.stdout, "  layout: plain\n")
+		return nil
+	}
+	t, _ := g.tables()
+	parts, err := partition.List(c.Context(), db, t.OutboxIdent())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stdout, "  layout: partitioned, %d ids a partition, made %s ahead; %d partitions\n", p.Settings.Width, formatDays(p.Settings.Ahead), len(parts))
+	return nil
 }
 
 func newMigrateStatusCmd(g *globals) *cobra.Command {
@@ -102,6 +169,9 @@ func newMigrateStatusCmd(g *globals) *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(g.stdout, "  binary payloads: %s\n", bin)
+				if err := printPartitioning(c, g, m, pool); err != nil {
+					return err
+				}
 			}
 			for _, a := range st.Applied {
 				name := "unknown to this binary"
@@ -208,8 +278,10 @@ func migrateBinaryOff(c *cobra.Command, g *globals, to string, yes bool) error {
 
 func newMigratePrintCmd(g *globals) *cobra.Command {
 	var (
-		from, to int
-		down     bool
+		from, to    int
+		down        bool
+		partitioned bool
+		settings    migrate.PartitionSettings
 	)
 	cmd := &cobra.Command{
 		Use:   "print",
@@ -227,12 +299,21 @@ copy each INSERT with its migration. Run each migration in one transaction;
 
   outbox migrate print --schema app > outbox.sql      every migration
   outbox migrate print --from 3                       only those above 3
-  outbox migrate print --down --to 2                  revert %s`, revertExample(2)),
+  outbox migrate print --down --to 2                  revert %s
+  outbox migrate print --partitioned                  every migration, then the
+                                                      partitioned layout
+
+The partitioned layout's part replaces the empty outbox table with a
+partitioned one, partitions for the first two widths of ids included; it
+refuses a table that holds rows. Keep 'outbox relay' or 'outbox partitions
+ensure' running to make the next ones.`, revertExample(2)),
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			switch {
 			case down && c.Flags().Changed("from"):
 				return fmt.Errorf("--from is the version an upgrade starts at; with --down give --to, the version to revert to")
+			case down && partitioned:
+				return fmt.Errorf("--partitioned prints the partitioned layout after the migrations up; it has no --down")
 			case !down && c.Flags().Changed("to"):
 				return fmt.Errorf("--to is the version --down reverts to; add --down, or give --from for an upgrade")
 			}
@@ -253,10 +334,18 @@ copy each INSERT with its migration. Run each migration in one transaction;
 			if from < 0 || from > m.Latest() {
 				return fmt.Errorf("--from %d: give the version the database is at, 0 to %d", from, m.Latest())
 			}
-			return m.UpScript(g.stdout, from)
+			if err := checkPartitionFlags(c, partitioned, settings); err != nil {
+				return err
+			}
+			if err := m.UpScript(g.stdout, from); err != nil || !partitioned {
+				return err
+			}
+			return m.PartitionedScript(g.stdout, settings)
 		},
 	}
 	f := cmd.Flags()
+	f.BoolVar(&partitioned, "partitioned", false, "also print the SQL that makes the empty outbox table partitioned on id")
+	addPartitionFlags(f, &settings)
 	f.IntVar(&from, "from", 0, "the version the database is at: print only the migrations above it")
 	f.BoolVar(&down, "down", false, "print the down migrations instead, newest first (they destroy data)")
 	f.IntVar(&to, "to", 0, "with --down: the version to revert to (0 drops the tables)")

@@ -47,6 +47,7 @@ func (o *relayOps) register(f *pflag.FlagSet) {
 	f.IntVar(&o.cfg.Cleanup.BatchSize, "cleanup-batch-size", ops.DefaultCleanupBatch, "rows per cleanup delete statement (as 'outbox cleanup --batch-size')")
 	deprecatedAlias(f, "cleanup-batch-size", "cleanup-batch")
 	durationVar(f, &o.cfg.Cleanup.Pause, "cleanup-pause", ops.DefaultCleanupPause, "pause between cleanup batches")
+	durationVar(f, &o.cfg.PartitionInterval, "partition-interval", monitor.DefaultPartitionInterval, "a partitioned outbox: how often the partitions needed ahead of the id sequence are made, cleanup or not (the role must own the table)")
 	f.BoolVar(&o.allowShort, allowShortRetentionFlag, false, "allow a --retention or --processed-retention under "+formatDays(minRetention))
 }
 
@@ -100,6 +101,7 @@ func (o *relayOps) check() error {
 	}{
 		{"--metrics-refresh", o.cfg.RefreshInterval}, {"--stuck-after", o.cfg.Watchdog.StuckAfter}, {"--max-lag", o.cfg.Watchdog.MaxLag},
 		{"--watchdog-interval", o.cfg.WatchdogInterval}, {"--retention", o.cfg.Cleanup.Retention}, {"--cleanup-pause", o.cfg.Cleanup.Pause},
+		{"--partition-interval", o.cfg.PartitionInterval},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s %s: use a positive duration", d.flag, formatDays(d.v))
@@ -128,6 +130,7 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, wd ops.Wat
 		Pool: rc.Pool, Tables: rc.Tables, Source: ops.WAL(rc.Slot), WALFigures: walFigures(r), Logger: rc.Logger,
 		RefreshInterval: o.cfg.RefreshInterval, WatchdogInterval: o.cfg.WatchdogInterval, Watchdog: wd,
 		CleanupInterval: o.cleanupInterval, DisableCleanup: o.cleanupInterval == 0, Cleanup: cleanup,
+		PartitionInterval: o.cfg.PartitionInterval,
 	}
 	mc.Checks = append(mc.Checks, brokerChecks(rc.Sink)...)
 	mon, err := monitor.New(mc)

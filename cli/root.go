@@ -142,6 +142,7 @@ Configuration comes from flags, with environment fallbacks:
 		newDLQCmd(g),
 		newWatchdogCmd(g),
 		newCleanupCmd(g),
+		newPartitionsCmd(g),
 		newSwitchCmd(g),
 		newBenchCmd(g),
 		newContractsCmd(g),

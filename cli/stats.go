@@ -103,6 +103,7 @@ func printStats(g *globals, t outbox.Tables, s ops.Stats) error {
 	}
 	fmt.Fprintf(w, "live / dead rows\t%d / %d\t(%.1f%% dead)\n", s.LiveRows, s.DeadRows, dead)
 	fmt.Fprintf(w, "last vacuum\t%s\n", fmtVacuum(s.LastVacuum, s.LastAutovacuum))
+	printPartitionStatus(w, s.Partitions)
 	return w.Flush()
 }
 
@@ -126,6 +127,7 @@ func statsJSON(t outbox.Tables, s ops.Stats) map[string]any {
 		"dead_rows":                  s.DeadRows,
 		"last_vacuum":                timeOrNil(s.LastVacuum),
 		"last_autovacuum":            timeOrNil(s.LastAutovacuum),
+		"partitions":                 partitionStatusJSON(s.Partitions),
 	}
 }
 

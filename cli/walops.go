@@ -42,6 +42,7 @@ func printWALStats(g *globals, t outbox.Tables, st ops.Stats) error {
 	fmt.Fprintf(w, "table size\t%s\t(with indexes and TOAST)\n", fmtBytes(st.TableBytes))
 	fmt.Fprintf(w, "live / dead rows\t%d / %d\n", st.LiveRows, st.DeadRows)
 	fmt.Fprintf(w, "last vacuum\t%s\n", fmtVacuum(st.LastVacuum, st.LastAutovacuum))
+	printPartitionStatus(w, st.Partitions)
 	return w.Flush()
 }
 
@@ -110,6 +111,7 @@ func walStatsJSON(t outbox.Tables, st ops.Stats) map[string]any {
 		"dead_rows":          st.DeadRows,
 		"last_vacuum":        timeOrNil(st.LastVacuum),
 		"last_autovacuum":    timeOrNil(st.LastAutovacuum),
+		"partitions":         partitionStatusJSON(st.Partitions),
 	}
 }
 
@@ -127,5 +129,6 @@ func walReportJSON(t outbox.Tables, rep ops.Report) map[string]any {
 		"max_slot_lag_bytes":   rep.MaxSlotLagBytes,
 		"max_inactive_seconds": rep.MaxInactive.Seconds(),
 		"problems":             problems,
+		"partitions":           partitionStatusJSON(rep.Partitions),
 	}
 }

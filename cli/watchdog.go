@@ -114,7 +114,19 @@ func runPollWatchdog(ctx context.Context, g *globals, db outbox.DB, cfg ops.Watc
 	if rep.LagBreached {
 		why = append(why, fmt.Sprintf("lag %s is over the %s SLO", fmtAge(rep.OldestPendingAge), rep.MaxLag))
 	}
+	why = append(why, rep.Partitions.Problems()...)
 	return &exitError{code: 1, msg: "unhealthy: " + strings.Join(why, "; ")}
+}
+
+// printPartitionProblems lists a partitioned outbox's watchdog findings.
+func printPartitionProblems(g *globals, rep ops.Report) {
+	if rep.Partitions == nil {
+		return
+	}
+	fmt.Fprintf(g.stdout, "partitions: %s\n", fmtHeadroom(rep.Partitions.Headroom))
+	for _, p := range rep.Partitions.Problems() {
+		fmt.Fprintf(g.stdout, "  - %s\n", oneLine(p))
+	}
 }
 
 // runWALWatchdog is the watchdog of an outbox relayed from the WAL.
@@ -137,11 +149,12 @@ func runWALWatchdog(ctx context.Context, g *globals, db outbox.DB, t outbox.Tabl
 		for _, p := range rep.Problems {
 			fmt.Fprintf(g.stdout, "  - %s\n", oneLine(p))
 		}
+		printPartitionProblems(g, rep)
 	}
 	if rep.Healthy() {
 		return nil
 	}
-	return &exitError{code: 1, msg: "unhealthy: " + strings.Join(rep.Problems, "; ")}
+	return &exitError{code: 1, msg: "unhealthy: " + strings.Join(append(rep.Problems, rep.Partitions.Problems()...), "; ")}
 }
 
 func printReport(g *globals, t outbox.Tables, rep ops.Report) error {
@@ -151,6 +164,7 @@ func printReport(g *globals, t outbox.Tables, rep ops.Report) error {
 	}
 	fmt.Fprintf(g.stdout, "outbox %s: %d pending, oldest %s (lag SLO %s: %s), %d stuck (pending > %s, or held, or behind a held row), %d held %s\n",
 		t.OutboxIdent(), rep.Pending, fmtAge(rep.OldestPendingAge), rep.MaxLag, slo, rep.Lag.Stuck, rep.StuckAfter, rep.Held, fmtHeld(rep.Lag))
+	printPartitionProblems(g, rep)
 	if len(rep.Stuck) == 0 {
 		return nil
 	}
@@ -221,5 +235,6 @@ func reportJSON(t outbox.Tables, rep ops.Report) map[string]any {
 		"held":                       rep.Held,
 		"held_by_reason":             rep.HeldByReason,
 		"stuck_rows":                 rows,
+		"partitions":                 partitionStatusJSON(rep.Partitions),
 	}
 }

@@ -3,7 +3,9 @@
 // transaction, recorded in a bookkeeping table next to the outbox table.
 // Running Up twice is a no-op; concurrent runs serialise on an advisory lock.
 // Teams whose own tool applies schema changes take the same SQL, with the
-// bookkeeping that Validate reads, from UpScript and DownScript.
+// bookkeeping that Validate reads, from UpScript and DownScript. Two
+// settings of a table come after the migrations: binary payloads
+// (EnableBinaryPayloads) and the partitioned layout (EnablePartitioned).
 //
 //	m, err := migrate.New(outbox.Tables{})
 //	applied, err := m.Up(ctx, pool)

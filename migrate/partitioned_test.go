@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,4 +121,84 @@ func TestPartitionedOutboxTakesEveryWriter(t *testing.T) {
 	require.Equal(t, "23514", pgErr.Code)
 	require.Equal(t, db.Tables.Outbox+"_type_topic", pgErr.ConstraintName, "the rule names the outbox table, not the partition")
 	require.Equal(t, db.Tables.Outbox, pgErr.TableName)
+}
+
+// The partitioned layout's script, run by another tool after the
+// migrations' (as psql -f runs it, in one statement), leaves what
+// EnablePartitioned does: the migrator sees the layout and its settings,
+// producers insert.
+func TestPartitionedScriptAgreesWithTheMigrator(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{NoMigrate: true})
+	m, err := migrate.New(db.Tables)
+	require.NoError(t, err)
+	var script strings.Builder
+	require.NoError(t, m.UpScript(&script, 0))
+	require.NoError(t, m.PartitionedScript(&script, migrate.PartitionSettings{Width: 1000}))
+	_, err = db.Pool.Exec(ctx, script.String())
+	require.NoError(t, err, script.String())
+	require.NoError(t, m.Validate(ctx, db.Pool))
+	p, err := m.Partitioning(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, migrate.LayoutPartitioned, p.Layout)
+	require.Equal(t, int64(1000), p.Settings.Width)
+	require.Len(t, partitions(t, db), 3)
+	require.NoError(t, plainInsert(ctx, db, "order.placed", nil))
+}
+
+// The layout replaces an empty outbox table only, and leaves one that
+// holds rows as it was; nor does it take a table a WAL relay's publication
+// holds.
+func TestEnablePartitionedRefusesATableWithRowsOrPublished(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	require.NoError(t, plainInsert(ctx, db, "order.placed", nil))
+	m, err := migrate.New(db.Tables)
+	require.NoError(t, err)
+	_, err = m.EnablePartitioned(ctx, db.Pool, migrate.PartitionSettings{})
+	require.ErrorIs(t, err, migrate.ErrNotEmpty)
+	p, err := m.Partitioning(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, migrate.LayoutPlain, p.Layout)
+	require.Equal(t, 1, outboxCount(t, db))
+
+	empty := pgtest.New(t)
+	_, err = empty.Pool.Exec(ctx, "CREATE PUBLICATION "+empty.Tables.Schema+"_pub FOR TABLE "+empty.Tables.OutboxIdent())
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = empty.Pool.Exec(context.Background(), "DROP PUBLICATION "+empty.Tables.Schema+"_pub") })
+	m, err = migrate.New(empty.Tables)
+	require.NoError(t, err)
+	_, err = m.EnablePartitioned(ctx, empty.Pool, migrate.PartitionSettings{})
+	require.ErrorContains(t, err, "is in publication "+empty.Tables.Schema+"_pub")
+}
+
+// A binary from before the layout sees the layout's mark as a schema
+// version newer than it knows, and refuses the table (it would neither
+// make partitions nor drop them); migrate down to 0 takes the layout's
+// table and mark with it.
+func TestPartitionedLayoutIsRefusedByOlderBinariesAndRevertable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := partitionedDB(t, 100)
+	var seen int
+	// What currentSQL read before the layout: every version below binary
+	// payloads' mark.
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT max(version) FROM "+db.Tables.Schema+".events_outbox_migrations WHERE version < 1000000").Scan(&seen))
+	require.Greater(t, seen, 7, "an older binary refuses a version it does not know")
+
+	m, err := migrate.New(db.Tables)
+	require.NoError(t, err)
+	reverted, err := m.Down(ctx, db.Pool, 0)
+	require.NoError(t, err)
+	require.Len(t, reverted, m.Latest())
+	require.False(t, tableExists(t, db, db.Tables.OutboxIdent()))
+	require.False(t, tableExists(t, db, db.Tables.Schema+".events_outbox_partitioning"))
+	applied, err := m.Up(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Len(t, applied, m.Latest(), "a clean slate: the plain layout again")
+	p, err := m.Partitioning(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, migrate.LayoutPlain, p.Layout)
 }

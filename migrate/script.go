@@ -94,3 +94,32 @@ func writeSQL(b *bufio.Writer, sql string) {
 	b.WriteString(strings.TrimRight(sql, "\n"))
 	b.WriteString("\n")
 }
+
+// PartitionedScript writes, as one SQL script, what EnablePartitioned does
+// to a fresh install (settings s, defaults for zero fields): the empty
+// outbox table replaced by a partitioned one, its settings recorded, and
+// partitions for the first two widths of ids. Run it in one transaction,
+// after UpScript's migrations; it refuses (raises) when the table holds
+// rows, is in a publication, or its sequence is past the first width.
+// The next partitions come from `outbox partitions ensure` or a relay.
+func (m *Migrator) PartitionedScript(w io.Writer, s PartitionSettings) error {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	s = s.WithDefaults()
+	b := bufio.NewWriter(w)
+	fmt.Fprintf(b, `
+-- The partitioned layout of %s: range partitions of %d ids on id, each
+-- dropped whole by retention once its rows are published and older than
+-- the retention ('outbox cleanup', the relay's cleanup job). Run it in one
+-- transaction, after the migrations above, on an empty table. It makes
+-- partitions for ids 0 to %d; 'outbox relay' (every --partition-interval)
+-- or 'outbox partitions ensure' must then make the next ones ahead, or
+-- inserts fail once the ids pass the last partition.
+`, m.tables.OutboxIdent(), s.Width, 3*s.Width-1)
+	for _, stmt := range m.partitionScript(s, 1) {
+		b.WriteString("\n")
+		writeSQL(b, stmt+";")
+	}
+	return b.Flush()
+}

@@ -43,7 +43,9 @@ type CleanupConfig struct {
 	// public.events_outbox and public.processed_events.
 	Tables outbox.Tables
 	// Retention: dispatched rows older than this (by dispatched_at) are
-	// deleted. Pending rows never are. Defaults to DefaultRetention (7d).
+	// deleted. Pending rows never are. A partitioned outbox's partitions
+	// are dropped once their newest row is older than this (by
+	// created_at). Defaults to DefaultRetention (7d).
 	Retention time.Duration
 	// ProcessedRetention: processed_events rows older than this (by
 	// processed_at) are deleted. Keep it longer than any redelivery window
@@ -152,7 +154,12 @@ type TableCleanup struct {
 // Cleanup deletes dispatched outbox rows older than the retention and
 // processed_events rows older than theirs, in batches of their own short
 // transactions with a pause between them, and prunes stale failure records.
-// It never deletes a pending row.
+// It never deletes a pending row. A partitioned outbox
+// (migrate.Migrator.EnablePartitioned) loses no row one by one: Cleanup
+// makes its partitions ahead (EnsurePartitions), then detaches and drops
+// every partition whose rows are all published and older than the
+// retention, and reports those it keeps (CleanupResult.Partitions; see
+// partitionretention.go).
 //
 // One cleanup runs per outbox at a time: Cleanup holds a session advisory
 // lock on one of pool's connections while it runs and returns

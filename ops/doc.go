@@ -1,7 +1,9 @@
 // Package ops keeps an outbox visible and small, for either relay source:
 // the figures behind `outbox stats` (ReadStats, ReadLag, and the WAL
 // source's slot: ReadWALSlot, SlotName), the watchdog for stuck rows, the
-// lag SLO and the slot's health (Check), retention cleanup (Cleanup), and
+// lag SLO and the slot's health (Check), retention cleanup (Cleanup; for a
+// partitioned outbox, partitions made ahead and dropped: EnsurePartitions,
+// ListPartitions), and
 // the operator's verbs on single events (ShowEvent, Retry, Park, Unpark,
 // Replay; `outbox events`), one file each.
 //
