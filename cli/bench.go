@@ -73,11 +73,13 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 	f.StringVar(&o.cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
 	f.IntVar(&o.cfg.CleanupEvents, "cleanup-events", 0, "events the cleanup scenario fills each layout's outbox with, over 9 days (default 10000000; 20000 with --short)")
 	f.StringVar(&o.steadyRate, "steady-rates", "", "steady scenario: emit rates in events/s, separated by commas (default 1000,10000)")
-	f.StringSliceVar(&o.cfg.SteadySources, "steady-sources", nil, "steady scenario: readers to measure, of recvlogical, poll and wal (default all three)")
+	f.StringSliceVar(&o.cfg.SteadySources, "steady-sources", nil, "steady scenario: readers to measure, of recvlogical, floor (the cheapest WAL relay that waits for the broker: a yardstick, not a mode), poll and wal (default all four)")
 	f.StringArrayVar(&o.cfg.SteadyRelayArgs, "steady-relay-arg", nil, "steady scenario: an extra flag for its `outbox relay` processes, e.g. --steady-relay-arg=--busy-poll-interval=4ms (repeat for more)")
 	f.StringVar(&o.cfg.SteadyRelayBinary, "steady-relay-binary", "", "steady scenario: run this outbox binary as the relays instead of this one, to compare two builds under the same load")
+	f.StringSliceVar(&o.cfg.WALParts, "wal-parts", nil, "wal scenario: the parts to run, of drain, latency and business (the 8-writer business transactions in each emit mode; default all three)")
 	f.StringVar(&o.cfg.RelayProfileDir, "relay-cpuprofile-dir", "", "steady scenario: each relay process writes a CPU profile into this directory (`outbox relay --cpuprofile`)")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (relayers, broker and bench) to this file")
+	cmd.AddCommand(newBenchFloorCmd(g))
 	return cmd
 }
 

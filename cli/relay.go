@@ -47,6 +47,8 @@ type relayOptions struct {
 	cleanupBatchFlag string
 	// cpuProfile is --cpuprofile: a CPU profile of the relay's whole run.
 	cpuProfile string
+	// procs is --procs: how many threads run Go code (procs.go).
+	procs string
 }
 
 func newRelayCmd(g *globals) *cobra.Command {
@@ -110,6 +112,7 @@ Replicas elect one reader; the others take over within
 	f.IntVar(&o.pcfg.MaxMessageBytes, "max-payload-bytes", 0, "deprecated: use --max-message-bytes")
 	_ = f.MarkDeprecated("max-payload-bytes", "use --max-message-bytes, which limits the whole record and defaults to each topic's own limit")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the relay to this file until it exits, for 'go tool pprof' (default: none)")
+	f.StringVar(&o.procs, "procs", procsAuto, "threads that run the relay's Go code at once (GOMAXPROCS): auto (one while it follows a trickle, which saves the CPU of waking threads on other cores; all of them from the first half second that drains a backlog), all (GOMAXPROCS, or every CPU), or a number")
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	f.StringVar(&o.sinkURL, "sink", "", "where to publish: a URL whose scheme picks the sink ("+schemeList()+"), e.g. kafka://host:9092; default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
@@ -133,6 +136,9 @@ func runRelay(ctx context.Context, g *globals, o *relayOptions, f *pflag.FlagSet
 		return err
 	}
 	if err := o.checkMode(); err != nil {
+		return err
+	}
+	if err := o.checkProcs(); err != nil {
 		return err
 	}
 	if o.mode == "wal" {
@@ -249,6 +255,7 @@ func runPollRelay(ctx context.Context, o *relayOptions, common relay.Common) err
 		return err
 	}
 	defer stopOps()
+	defer o.startProcs(ctx, r, common)()
 	return r.Run(ctx)
 }
 

@@ -100,6 +100,8 @@ func TestZeroCountsAndBadLogFlagsAreRefused(t *testing.T) {
 		{[]string{"relay", "--brokers", "127.0.0.1:1", "--max-batch-bytes", "0"}, "--max-batch-bytes 0: use a positive number"},
 		{[]string{"relay", "--brokers", "127.0.0.1:1", "--cleanup-batch-size", "0"}, "--cleanup-batch-size 0: use a positive number"},
 		{[]string{"relay", "--brokers", "127.0.0.1:1", "--poll-interval", "0"}, "--poll-interval 0s: use a positive duration"},
+		{[]string{"relay", "--brokers", "127.0.0.1:1", "--procs", "0"}, `--procs "0": use auto`},
+		{[]string{"relay", "--brokers", "127.0.0.1:1", "--procs", "many"}, `--procs "many": use auto`},
 		{[]string{"consume", "--brokers", "127.0.0.1:1", "--topics", "x", "--concurrency", "-1"}, "use a positive number, or 0 for the consumer's default"},
 		{[]string{"dev-kafka", "--partitions", "0"}, "--partitions 0: use a positive number"},
 		{[]string{"cleanup", "--retention", "0d"}, "--retention 0s: use a positive duration, e.g. 7d"},

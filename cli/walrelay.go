@@ -196,6 +196,7 @@ func runWALRelay(ctx context.Context, o *relayOptions, common relay.Common) erro
 		return err
 	}
 	defer stopOps()
+	defer o.startProcs(ctx, r, common)()
 	if err := r.Run(ctx); err != nil {
 		return fmt.Errorf("relay --mode wal: %w", err)
 	}

@@ -77,8 +77,8 @@ type Config struct {
 	// SteadyRates are the steady scenario's emit rates, events per
 	// second. Defaults to 1,000 and 10,000.
 	SteadyRates []int
-	// SteadySources are the steady scenario's readers, of poll, wal and
-	// recvlogical. Defaults to all three.
+	// SteadySources are the steady scenario's readers, of poll, wal,
+	// recvlogical and floor (RunFloorReader). Defaults to all four.
 	SteadySources []string
 	// SteadyRelayArgs are extra flags for the steady scenario's `outbox
 	// relay` processes (both sources), e.g. --busy-poll-interval 4ms, to
@@ -88,6 +88,9 @@ type Config struct {
 	// scenario runs as its relays instead of OutboxCommand's, to compare
 	// two builds under the same load. Defaults to "" (OutboxCommand).
 	SteadyRelayBinary string
+	// WALParts are the parts of the wal scenario to run, of drain,
+	// latency and business. Defaults to all three.
+	WALParts []string
 	// RelayProfileDir, when set, makes the steady scenario's relay
 	// processes write CPU profiles there (`outbox relay --cpuprofile`),
 	// one file per run, named after the source. Defaults to "" (none).
@@ -129,7 +132,10 @@ func (c Config) withDefaults() Config {
 		c.SteadyRates = []int{1000, 10000}
 	}
 	if c.SteadySources == nil {
-		c.SteadySources = []string{"recvlogical", "poll", "wal"}
+		c.SteadySources = []string{"recvlogical", "floor", "poll", "wal"}
+	}
+	if c.WALParts == nil {
+		c.WALParts = []string{"drain", "latency", "business"}
 	}
 	if c.WatermillDir == "" {
 		c.WatermillDir = "bench/watermill"
@@ -162,8 +168,13 @@ func (c Config) validate() error {
 		}
 	}
 	for _, src := range c.SteadySources {
-		if !slices.Contains([]string{"recvlogical", "poll", "wal"}, src) {
-			return fmt.Errorf("bench: steady source %q; use poll, wal or recvlogical", src)
+		if !slices.Contains([]string{"recvlogical", "floor", "poll", "wal"}, src) {
+			return fmt.Errorf("bench: steady source %q; use poll, wal, recvlogical or floor", src)
+		}
+	}
+	for _, p := range c.WALParts {
+		if !slices.Contains([]string{"drain", "latency", "business"}, p) {
+			return fmt.Errorf("bench: wal part %q; use drain, latency or business", p)
 		}
 	}
 	if !slices.IsSorted(c.ScaleRows) || len(c.ScaleRows) == 0 || c.ScaleRows[0] < 0 {

@@ -40,6 +40,7 @@ func steadySources() []steadySource {
 	// pg_recvlogical first: the relays' rows compare with it.
 	return []steadySource{
 		{"recvlogical", "pg_recvlogical on the same kind of slot, to /dev/null"},
+		{"floor", "floor: the cheapest WAL relay (bench only, not a mode: produce what one read took in, wait for its ack; 2 ms linger, one thread)"},
 		{"poll", "`outbox relay` (polling, defaults)"},
 		{"wal", "`outbox relay --mode wal` (defaults)"},
 	}
@@ -161,7 +162,7 @@ func steadyParams(ctx context.Context, se *steadyEnv, res *Result, server string
 		rs = append(rs, thousands(int64(r))+"/s")
 	}
 	res.param("load", "one event per transaction (BEGIN; Emit; COMMIT) paced at %v for %s by max(%d, rate/200) writers in the bench process, over %s aggregates; one warm-up event first (topic creation, first claim), not counted", rs, se.window, cfg.Writers, thousands(int64(cfg.Aggregates)))
-	res.param("readers", "each its own process, one at a time, connecting as role %s: `outbox relay` and `outbox relay --mode wal` (this binary, defaults, --log-level warn) publishing to the bench's in-process dev broker; pg_recvlogical %s", steadyRole, strings.Join(recvlogicalArgs("<slot>", "<publication>", ""), " "))
+	res.param("readers", "each its own process, one at a time, connecting as role %s: `outbox relay` and `outbox relay --mode wal` (this binary, defaults, --log-level warn) publishing to the bench's in-process dev broker; the floor (`outbox bench floor-reader`, this binary): the same slot read with pgconn's replication protocol, the inserts of the transactions one read took in produced with franz-go (the relay's producer options; reads 2 ms apart at most, as the relay's default --linger) and their ack awaited before reading on, on one thread, nothing else (no order under failure, holds, metrics, retries): the least a relay that waits for the broker costs on this machine; pg_recvlogical %s", steadyRole, strings.Join(recvlogicalArgs("<slot>", "<publication>", ""), " "))
 	if cfg.SteadyRelayBinary != "" {
 		res.param("relay binary", "%s (--steady-relay-binary)", cfg.SteadyRelayBinary)
 	}
@@ -224,7 +225,11 @@ func steadyTargets(res *Result) {
 		}
 	}
 	if r, ok := m["steady.1000.wal.vs_recvlogical"]; ok {
-		res.target("steady WAL source CPU @1,000/s", "<= 1.5x pg_recvlogical, same run", fmt.Sprintf("%.1fx (%.0f vs %.0f µs/event)", r, m["steady.1000.wal.cpu_us_per_event"], m["steady.1000.recvlogical.cpu_us_per_event"]), r <= 1.5)
+		floor := ""
+		if f, ok := m["steady.1000.floor.vs_recvlogical"]; ok {
+			floor = fmt.Sprintf("; the floor reader %.1fx", f)
+		}
+		res.target("steady WAL source CPU @1,000/s", "<= 1.5x pg_recvlogical, same run", fmt.Sprintf("%.1fx (%.0f vs %.0f µs/event%s)", r, m["steady.1000.wal.cpu_us_per_event"], m["steady.1000.recvlogical.cpu_us_per_event"], floor), r <= 1.5)
 	}
 	if c, ok := m["steady.1000.poll.cpu_us_per_event"]; ok {
 		res.target("steady polling relay CPU @1,000/s", "<= 100 µs/event", fmt.Sprintf("%.0f µs/event", c), c <= 100)
@@ -382,6 +387,17 @@ func (se *steadyEnv) startReader(ctx context.Context, source string, rt int, b *
 			return nil, err
 		}
 		rd.recv = r
+		return rd, nil
+	}
+	if source == "floor" {
+		// This binary's, whatever --steady-relay-binary says: it is the
+		// yardstick both builds are held to.
+		c, err := startChild(ctx, se.s.cfg, "the floor reader", "bench", "floor-reader", "--brokers", b.addrs(), "--topic-prefix", prefix,
+			"--log-level", "warn", "--database-url", se.readerURL, "--slot", slot, "--publication", slot)
+		if err != nil {
+			return nil, err
+		}
+		rd.relay = c
 		return rd, nil
 	}
 	args := []string{"relay", "--schema", se.e.schema, "--brokers", b.addrs(), "--topic-prefix", prefix, "--log-level", "warn", "--database-url", se.readerURL}

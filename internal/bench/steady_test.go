@@ -38,14 +38,14 @@ func TestShortSteadyScenarioMeasuresEveryReader(t *testing.T) {
 
 	m := results[0].Metrics
 	for _, rate := range []string{"1000", "10000"} {
-		for _, src := range []string{"recvlogical", "poll", "wal"} {
+		for _, src := range []string{"recvlogical", "floor", "poll", "wal"} {
 			k := "steady." + rate + "." + src + "."
 			require.Positive(t, m[k+"events"], k+"events")
 			require.Positive(t, m[k+"achieved_per_s"], k+"achieved_per_s")
 			require.Contains(t, m, k+"cpu_us_per_event")
 			require.Contains(t, m, k+"statements_per_event", "pg_stat_statements read")
 		}
-		for _, src := range []string{"poll", "wal"} {
+		for _, src := range []string{"floor", "poll", "wal"} {
 			k := "steady." + rate + "." + src + "."
 			require.Contains(t, m, k+"p50_ms", "every committed event found on the broker")
 			require.GreaterOrEqual(t, m[k+"p99_ms"], m[k+"p50_ms"])
@@ -65,7 +65,7 @@ func TestSteadyConfigRefusesBadRatesAndSources(t *testing.T) {
 	}{
 		{func(c *bench.Config) { c.SteadyRates = []int{0} }, "steady rate 0; use 1 to 100,000 events/s"},
 		{func(c *bench.Config) { c.SteadyRates = []int{1000, 200_000} }, "steady rate 200000"},
-		{func(c *bench.Config) { c.SteadySources = []string{"poll", "kafka"} }, `steady source "kafka"; use poll, wal or recvlogical`},
+		{func(c *bench.Config) { c.SteadySources = []string{"poll", "kafka"} }, `steady source "kafka"; use poll, wal, recvlogical or floor`},
 	} {
 		cfg := shortConfig(t)
 		tc.cfg(&cfg)

@@ -74,28 +74,34 @@ func runWAL(ctx context.Context, s *session) (*Result, error) {
 		"events/batch: the relayer's publish calls over the window and catch-up; process CPU: this process's user + system time over the same span (the writers' client side, plus the relayer and dev broker when the row has them) per committed tx; walsender CPU: the slot reader's walsender's, from /proc, per event",
 		cfg.Writers, bizWindow, bizRounds, thousands(ops.DefaultCleanupBatch))
 
-	if err := walDrain(ctx, ws, e, res, n, recv, recvErr); err != nil {
-		return res, err
+	parts := cfg.WALParts
+	if slices.Contains(parts, "drain") {
+		if err := walDrain(ctx, ws, e, res, n, recv, recvErr); err != nil {
+			return res, err
+		}
+		walDrainTargets(res, recvErr)
 	}
-	if err := walLatency(ctx, ws, e, res, latWindow); err != nil {
-		return res, err
+	if slices.Contains(parts, "latency") {
+		if err := walLatency(ctx, ws, e, res, latWindow); err != nil {
+			return res, err
+		}
+		walLatencyTarget(res)
 	}
-	if err := walBusiness(ctx, ws, e, res, bizWindow, bizRounds, recv, recvErr); err != nil {
-		return res, err
+	if slices.Contains(parts, "business") {
+		if err := walBusiness(ctx, ws, e, res, bizWindow, bizRounds, recv, recvErr); err != nil {
+			return res, err
+		}
+		walBusinessTargets(res, recvErr)
 	}
-	walTargets(res, recvErr)
 	res.note("the drains run once each; the business rows run in interleaved rounds: on a shared 2-core machine the absolute figures move with the load; compare the rows of one run")
 	res.note("the relayers, the dev broker and the writers share this process (GOMAXPROCS %d); pg_recvlogical is a process of its own whose reading costs next to nothing, so 'vs pg_recvlogical' charges the relayer and its broker client with their CPU", runtime.GOMAXPROCS(0))
 	res.note("the WAL source leaves ModeInsert rows pending (no UPDATE of dispatched_at): no dead tuples from relaying, no index churn; cleanup deletes them once the slot confirmed them. The polling relay writes every event twice, and its UPDATE leaves a dead tuple per event")
 	return res, nil
 }
 
-// walTargets judges the WAL source's targets on the run's metrics.
-func walTargets(res *Result, recvErr error) {
+// walDrainTargets judges the drain part's targets on the run's metrics.
+func walDrainTargets(res *Result, recvErr error) {
 	m := res.Metrics
-	notRun := func(name, goal string) {
-		res.target(name, goal, fmt.Sprintf("not measured: pg_recvlogical not run (%v)", recvErr), false)
-	}
 	for _, bl := range walBacklogs(0) {
 		key, name := "wal.drain.", "wal drain, one-INSERT backlog"
 		if bl.key != "" {
@@ -109,9 +115,22 @@ func walTargets(res *Result, recvErr error) {
 		}
 		res.target(name, ">= 1.5x the polling relay of the same run", measured, d >= 1.5)
 	}
+}
+
+// walLatencyTarget judges the latency part's target.
+func walLatencyTarget(res *Result) {
+	m := res.Metrics
 	p50, p99 := m["wal.latency.wal.p50_ms"], m["wal.latency.wal.p99_ms"]
 	res.target("wal latency @1,000/s", "p50 <= 3 ms, p99 <= 10 ms", fmt.Sprintf("p50 %.2f ms, p99 %.2f ms (poll: %.2f, %.2f)", p50, p99, m["wal.latency.poll.p50_ms"], m["wal.latency.poll.p99_ms"]), p50 <= 3 && p99 <= 10)
 
+}
+
+// walBusinessTargets judges the business part's targets.
+func walBusinessTargets(res *Result, recvErr error) {
+	m := res.Metrics
+	notRun := func(name, goal string) {
+		res.target(name, goal, fmt.Sprintf("not measured: pg_recvlogical not run (%v)", recvErr), false)
+	}
 	poll := m["wal.business.poll.tx_per_s"]
 	best, bestMode := 0.0, ""
 	var others []string

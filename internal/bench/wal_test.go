@@ -97,3 +97,41 @@ func TestShortWALScenarioReportsEveryRow(t *testing.T) {
 	require.Contains(t, targets, "business tx/s, WAL relay vs pg_recvlogical: message")
 	require.Contains(t, targets, "WAL bytes per event: insert")
 }
+
+// WALParts runs only the parts named: the business part alone reports
+// its rows and targets, and no drain or latency figure.
+func TestWALScenarioRunsOnlyThePartsAskedFor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cluster, err := tmppg.Logical(ctx, 10, map[string]string{"max_connections": "150", "max_slot_wal_keep_size": "4GB"})
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the wal scenario needs a throwaway cluster with wal_level=logical, and none started: %v", err)
+		}
+		t.Skipf("skipped: the wal scenario needs a throwaway cluster with wal_level=logical (initdb/pg_ctl), and none started: %v", err)
+	}
+	t.Cleanup(func() { _ = cluster.Stop() })
+
+	cfg := shortConfig(t)
+	cfg.WALDatabaseURL = cluster.URL()
+	cfg.WALParts = []string{"business"}
+	results, err := bench.Run(ctx, cfg, "wal")
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	m := results[0].Metrics
+	for k := range m {
+		require.NotRegexp(t, `^wal\.(drain|latency)\.`, k)
+	}
+	require.Positive(t, m["wal.business.insert_delete.wal.tx_per_s"])
+	var targets []string
+	for _, tg := range results[0].Targets {
+		targets = append(targets, tg.Name)
+	}
+	require.Contains(t, targets, "business tx/s, WAL relay vs pg_recvlogical: insert_delete")
+	require.NotContains(t, targets, "wal latency @1,000/s")
+
+	cfg.WALParts = []string{"business", "drains"}
+	_, err = bench.Run(ctx, cfg, "wal")
+	require.ErrorContains(t, err, `wal part "drains"; use drain, latency or business`)
+}

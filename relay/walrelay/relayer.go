@@ -39,6 +39,9 @@ type Relayer struct {
 	// when nothing is unacknowledged; tests turn it off to show that the
 	// heartbeat alone moves the slot.
 	keepaliveAdvance bool
+	// inlineBound is how long a small batch is published on the stream
+	// goroutine (streamer.send): the const, or a test's.
+	inlineBound time.Duration
 
 	leading                                                        atomic.Bool
 	published, parked, dropped, batches, heartbeats, failedBatches atomic.Int64
@@ -85,6 +88,7 @@ func New(cfg Config) (*Relayer, error) {
 		parkBinSQL:       render(parkBinarySQL, cfg.Tables),
 		prefix:           MessagePrefix(cfg.Tables),
 		keepaliveAdvance: true,
+		inlineBound:      inlineBound,
 	}, nil
 }
 

@@ -70,6 +70,23 @@ func (r *Relayer) settle(ctx, runCtx context.Context, items []item) bool {
 	return true
 }
 
+// settleInline is one round of settle, within inlineBound, on the
+// stream goroutine (streamer.send): it returns the items left to settle,
+// in order (none: every item was acknowledged or parked). A round cut
+// short by the bound fails its unacknowledged items, which settle then
+// sends again: at least once, in order, as after any transient failure.
+func (r *Relayer) settleInline(ctx context.Context, items []item) []item {
+	r.checkContracts(items)
+	bctx, cancel := context.WithTimeout(ctx, r.inlineBound)
+	defer cancel()
+	var unknownSince map[int64]time.Time
+	rest, _ := r.publishRound(bctx, items, &unknownSince)
+	if len(rest) == 0 {
+		r.batches.Add(1)
+	}
+	return rest
+}
+
 // publishRound publishes items once and parks those refused for good (or
 // not decoded). It returns the items left to publish, in their order, and
 // the error to back off for before the next round (nil: go on at once).

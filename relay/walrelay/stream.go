@@ -260,8 +260,8 @@ func (st *streamer) step() error {
 		// Nothing out: a commit or heartbeat with nothing queued before
 		// it is acknowledged at once.
 		st.advanceIdle()
-		if len(st.queue) > 0 && !st.lingering(time.Now()) {
-			st.publish(st.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
+		if len(st.queue) > 0 && !st.lingering(time.Now()) && !st.unread() {
+			st.send(st.take(st.r.cfg.BatchSize, st.r.cfg.MaxBatchBytes))
 		}
 	}
 	if !time.Now().Before(st.nextStatus()) {
@@ -273,6 +273,43 @@ func (st *streamer) step() error {
 		return st.waitForRoom()
 	}
 	return st.readRound()
+}
+
+// A batch of at most inlineMax events is published on the stream
+// goroutine, for up to inlineBound: at a trickle (an event or two a
+// batch) handing it to the publisher goroutine, and its settling back,
+// cost two goroutine wake-ups a batch, as much CPU as the publish. What
+// is not acknowledged within the bound (a slow or unreachable broker, a
+// record refused) goes to the publisher goroutine, which retries it in
+// order as settle does, while the stream goes back to answering the
+// server. A larger batch goes there at once: while it is published the
+// stream reads ahead.
+const (
+	inlineMax   = 32
+	inlineBound = time.Second
+)
+
+// send publishes b: on the stream goroutine when it is small (inlineMax),
+// else, or for what that left unsettled, on the publisher goroutine.
+func (st *streamer) send(b batch) {
+	if len(b.items) > inlineMax {
+		st.publish(b)
+		return
+	}
+	if rest := st.r.settleInline(st.pubCtx, b.items); len(rest) > 0 {
+		b.items = rest
+		st.publish(b)
+		return
+	}
+	st.advance(b.end)
+}
+
+// unread reports whether a small queue should wait for the rest of what
+// the last read took in from the socket (one read takes in several
+// transactions, --linger): published on the stream goroutine, the queue
+// would otherwise go out an event at a time, each paying a publish.
+func (st *streamer) unread() bool {
+	return len(st.queue) <= inlineMax && st.conn.Frontend().ReadBufferLen() > 0
 }
 
 // publish hands b to the publisher goroutine.
