@@ -52,7 +52,7 @@ type claimTarget struct {
 	claim capturedClaim
 	// conn holds the claim prepared as claimStmt, for EXPLAIN ANALYZE
 	// EXECUTE; nil until the first.
-	conn *pgxpool.Conn
+	conn  *pgxpool.Conn
 	times []time.Duration
 	plan  []float64 // planning ms, EXPLAIN ANALYZE
 	exec  []float64 // execution ms, EXPLAIN ANALYZE
