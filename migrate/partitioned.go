@@ -141,18 +141,37 @@ func ReadPartitioning(ctx context.Context, db outbox.DB, tables outbox.Tables) (
 		return p, nil
 	}
 	p.Layout = LayoutPartitioned
+	var err error
+	p.Settings, p.Detaching, err = readPartitionSettings(ctx, db, ids)
+	return p, err
+}
+
+// ReadPartitionSettings reads the partitioned layout's settings of the
+// outbox of tables, recorded by EnablePartitioned or
+// CreatePartitionedTable, whatever the outbox table's layout: while an
+// outbox is moved into the layout, its partitioned twin has them and the
+// outbox table is still plain.
+func ReadPartitionSettings(ctx context.Context, db outbox.DB, tables outbox.Tables) (PartitionSettings, error) {
+	tables = tables.WithDefaults()
+	s, _, err := readPartitionSettings(ctx, db, sqltext.For(tables.Schema, tables.Outbox, tables.Processed))
+	return s, err
+}
+
+func readPartitionSettings(ctx context.Context, db outbox.DB, ids sqltext.Idents) (PartitionSettings, DetachIntent, error) {
+	var s PartitionSettings
+	var in DetachIntent
 	var aheadUS int64
 	var name *string
 	var from, to *int64
-	err := db.QueryRow(ctx, sqltext.Render(partitionSettingsSQL, ids)).Scan(&p.Settings.Width, &aheadUS, &name, &from, &to)
+	err := db.QueryRow(ctx, sqltext.Render(partitionSettingsSQL, ids)).Scan(&s.Width, &aheadUS, &name, &from, &to)
 	if err != nil {
-		return p, fmt.Errorf("migrate: %s is partitioned, but its settings (%s) cannot be read: %w (run `outbox migrate up --partitioned`)", ids.Outbox, ids.Partitioning, err)
+		return s, in, fmt.Errorf("migrate: the partitioned layout's settings of %s (%s) cannot be read: %w (run `outbox migrate up --partitioned`)", ids.Outbox, ids.Partitioning, err)
 	}
-	p.Settings.Ahead = time.Duration(aheadUS) * time.Microsecond
+	s.Ahead = time.Duration(aheadUS) * time.Microsecond
 	if name != nil && from != nil && to != nil {
-		p.Detaching = DetachIntent{Name: *name, From: *from, To: *to}
+		in = DetachIntent{Name: *name, From: *from, To: *to}
 	}
-	return p, nil
+	return s, in, nil
 }
 
 // Partitioning reads the layout of m's outbox table (ReadPartitioning).
@@ -240,7 +259,7 @@ func (m *Migrator) partitionScript(s PartitionSettings, next int64) []string {
 	stmts := []string{
 		fmt.Sprintf(sqltext.Render(partitionRefuseSQL, m.ids), to-s.Width),
 	}
-	stmts = append(stmts, m.createPartitionedSQL(tmp)...)
+	stmts = append(stmts, m.createPartitionedSQL(tmp, s)...)
 	stmts = append(stmts,
 		sqltext.Render(seqUnownSQL, m.ids),
 		sqltext.Render(dropOutboxSQL, m.ids),
@@ -248,8 +267,6 @@ func (m *Migrator) partitionScript(s PartitionSettings, next int64) []string {
 		fmt.Sprintf(sqltext.Render(renamePKeySQL, m.ids), pgident.Quote(trim(tmp+"_pkey")), pgident.Quote(m.trimmed("_pkey"))),
 		fmt.Sprintf(sqltext.Render(renamePendingSQL, m.ids), pgident.Qualified(m.tables.Schema, trim(tmp+"_pending_idx"))),
 		sqltext.Render(seqOwnSQL, m.ids),
-		sqltext.Render(createPartitioningSQL, m.ids),
-		fmt.Sprintf(sqltext.Render(insertPartitioningSQL, m.ids), s.Width, s.Ahead.Microseconds()),
 		sqltext.Render(partitionedMarkSQL, m.ids),
 	)
 	for lo := from; lo < to; lo += s.Width {
@@ -264,17 +281,24 @@ func (m *Migrator) partitionScript(s PartitionSettings, next int64) []string {
 // its columns, defaults (ids from the outbox's sequence), NOT NULLs, CHECK
 // constraints and comments, a primary key on id (<name>_pkey), the pending
 // index (id) WHERE dispatched_at IS NULL (<name>_pending_idx), the outbox
-// table's triggers (the insert guard) with their comments, and its grants.
-// The guard function is made to name the outbox's root table in its
-// errors, as it names the plain table, whichever table it fires on. The
-// seam for moving an outbox that holds rows into the partitioned layout:
-// create the twin, add its partitions (partition ranges as
-// ops.EnsurePartitions makes them), fill it, swap it in.
-func (m *Migrator) CreatePartitionedTable(ctx context.Context, tx pgx.Tx, name string) error {
+// table's triggers (the insert guard) with their comments, and its grants;
+// and records the layout's settings s (defaults for zero fields) for the
+// outbox. The guard function is made to name the root table of whichever
+// table it fires on in its errors, as it names the plain table. The seam
+// for moving an outbox that holds rows into the partitioned layout: create
+// the twin, give it partitions from the oldest row's id on
+// (ops.EnsurePartitions with Table and From), fill it, swap it in (rename,
+// the id sequence's owner, the pending index's and primary key's names,
+// and the layout's mark in the migrations table, as EnablePartitioned's
+// script does for an empty table).
+func (m *Migrator) CreatePartitionedTable(ctx context.Context, tx pgx.Tx, name string, s PartitionSettings) error {
 	if err := pgident.Validate("partitioned table", name); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	for _, stmt := range m.createPartitionedSQL(name) {
+	if err := s.Validate(); err != nil {
+		return err
+	}
+	for _, stmt := range m.createPartitionedSQL(name, s.WithDefaults()) {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("migrate: create the partitioned table %s like %s: %w", name, m.ids.Outbox, err)
 		}
@@ -283,7 +307,7 @@ func (m *Migrator) CreatePartitionedTable(ctx context.Context, tx pgx.Tx, name s
 }
 
 // createPartitionedSQL is CreatePartitionedTable's SQL.
-func (m *Migrator) createPartitionedSQL(name string) []string {
+func (m *Migrator) createPartitionedSQL(name string, s PartitionSettings) []string {
 	q := pgident.Qualified(m.tables.Schema, name)
 	return []string{
 		fmt.Sprintf(sqltext.Render(createPartitionedSQL, m.ids), q, pgident.Quote(trim(name+"_pkey"))),
@@ -291,6 +315,8 @@ func (m *Migrator) createPartitionedSQL(name string) []string {
 		fmt.Sprintf(sqltext.Render(copyTriggersSQL, m.ids), q),
 		fmt.Sprintf(sqltext.Render(copyGrantsSQL, m.ids), q),
 		sqltext.Render(guardRootSQL, m.ids),
+		sqltext.Render(createPartitioningSQL, m.ids),
+		fmt.Sprintf(sqltext.Render(insertPartitioningSQL, m.ids), s.Width, s.Ahead.Microseconds()),
 	}
 }
 

@@ -202,3 +202,33 @@ func TestPartitionedLayoutIsRefusedByOlderBinariesAndRevertable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, migrate.LayoutPlain, p.Layout)
 }
+
+// Binary payloads on a partitioned outbox, either order: the emit
+// function for bytes writes into the partitions, the table's CHECK still
+// refuses a row with neither payload.
+func TestPartitionedOutboxTakesBinaryPayloads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, binaryFirst := range []bool{true, false} {
+		db := pgtest.New(t, pgtest.Options{BinaryPayloads: binaryFirst, Partitioned: true, PartitionWidth: 10})
+		if !binaryFirst {
+			m, err := migrate.New(db.Tables)
+			require.NoError(t, err)
+			_, err = m.EnableBinaryPayloads(ctx, db.Pool)
+			require.NoError(t, err)
+		}
+		fn := `"` + db.Tables.Schema + `"."events_outbox_emit_bytes"`
+		for i := range 25 {
+			var id int64
+			require.NoError(t, db.Pool.QueryRow(ctx, "SELECT "+fn+"(gen_random_uuid(), 'order.placed', '\\x0a02'::bytea, 'application/x-protobuf')").Scan(&id))
+			require.Equal(t, int64(i+1), id)
+		}
+		var parts int
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(DISTINCT tableoid) FROM "+db.Tables.OutboxIdent()+" WHERE payload_bytes IS NOT NULL").Scan(&parts))
+		require.Equal(t, 3, parts, "ids 1 to 25 over partitions of 10")
+		_, err := db.Pool.Exec(ctx, "INSERT INTO "+db.Tables.OutboxIdent()+" (aggregate_id, type, payload) VALUES (gen_random_uuid(), 'order.placed', NULL)")
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%v", err)
+		require.Equal(t, "23514", pgErr.Code, "binaryFirst=%v: %v", binaryFirst, err)
+	}
+}

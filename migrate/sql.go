@@ -331,7 +331,7 @@ const (
 // are drawn at, rows or not: message-mode events draw ids and write none),
 // and retention's state (the partition a run is detaching or dropping,
 // the outcome of the last run), read by every process.
-const createPartitioningSQL = `CREATE TABLE {{partitioning}} (
+const createPartitioningSQL = `CREATE TABLE IF NOT EXISTS {{partitioning}} (
   singleton      boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
   width          bigint      NOT NULL CHECK (width >= 10),
   ahead          interval    NOT NULL CHECK (ahead > interval '0'),

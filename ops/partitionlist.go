@@ -85,7 +85,7 @@ func ListPartitions(ctx context.Context, db outbox.DB, cfg PartitionListConfig) 
 	if err := cfg.Tables.Validate(); err != nil {
 		return nil, Headroom{}, err
 	}
-	settings, err := partitionSettings(ctx, db, cfg.Tables)
+	settings, err := partitionSettings(ctx, db, cfg.Tables, cfg.Tables.Outbox)
 	if err != nil {
 		return nil, Headroom{}, err
 	}
@@ -127,6 +127,8 @@ func judgePartition(ctx context.Context, db outbox.DB, t outbox.Tables, src Sour
 		info.Pending, info.Held = 0, 0
 	}
 	switch {
+	case info.Open && p.From >= next:
+		info.Why = "it is ahead of the id sequence"
 	case info.Open:
 		info.Why = "ids are still drawn into it"
 	case !info.NewestCreatedAt.IsZero() && !info.NewestCreatedAt.Before(cutoff):

@@ -120,7 +120,7 @@ func EnsurePartitions(ctx context.Context, db outbox.DB, cfg PartitionConfig) (E
 	if err := pgident.Validate("partitioned table", cfg.Table); err != nil {
 		return res, fmt.Errorf("ops: %w", err)
 	}
-	settings, err := partitionSettings(ctx, db, cfg.Tables)
+	settings, err := partitionSettings(ctx, db, cfg.Tables, cfg.Table)
 	if err != nil {
 		return res, err
 	}
@@ -137,14 +137,12 @@ func EnsurePartitions(ctx context.Context, db outbox.DB, cfg PartitionConfig) (E
 		if err != nil {
 			return res, ownerHint(err, cfg.Tables)
 		}
-		if created {
+		if created { // else another process made it meanwhile
 			res.Created = append(res.Created, r)
+			h.Partitions++
 			cfg.Logger.Info("created partition", "partition", r.Name, "from_id", r.From, "to_id", r.To-1)
 		}
-		if r.To > h.Top {
-			h.Top = r.To
-		}
-		h.Partitions++
+		h.Top = max(h.Top, r.To)
 	}
 	h.settle()
 	res.Headroom = h
@@ -195,17 +193,19 @@ func (h *Headroom) settle() {
 	h.Low = h.IDs*2 < h.Target
 }
 
-// partitionSettings reads a partitioned outbox's settings, or fails with
-// ErrNotPartitioned.
-func partitionSettings(ctx context.Context, db outbox.DB, t outbox.Tables) (migrate.PartitionSettings, error) {
-	p, err := migrate.ReadPartitioning(ctx, db, t)
-	if err != nil {
-		return p.Settings, err
+// partitionSettings reads the partitioned layout's settings of the
+// outbox t for its partitioned table table (the outbox table, or its twin
+// during a move), or fails with ErrNotPartitioned.
+func partitionSettings(ctx context.Context, db outbox.DB, t outbox.Tables, table string) (migrate.PartitionSettings, error) {
+	q := pgident.Qualified(t.Schema, table)
+	partitioned, err := partition.IsPartitioned(ctx, db, q)
+	switch {
+	case err != nil:
+		return migrate.PartitionSettings{}, err
+	case !partitioned:
+		return migrate.PartitionSettings{}, fmt.Errorf("%w: %s is one table; make a fresh one partitioned with `outbox migrate up --partitioned`", ErrNotPartitioned, q)
 	}
-	if p.Layout != migrate.LayoutPartitioned {
-		return p.Settings, fmt.Errorf("%w: %s is one table; make a fresh one partitioned with `outbox migrate up --partitioned`", ErrNotPartitioned, t.OutboxIdent())
-	}
-	return p.Settings, nil
+	return migrate.ReadPartitionSettings(ctx, db, t)
 }
 
 // readHeadroom reads the partitions of table and how far they reach past

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox/internal/opstest"
@@ -383,4 +384,46 @@ func TestPartitionRetentionWaitsForTheSlot(t *testing.T) {
 	var left int
 	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Tables.OutboxIdent()).Scan(&left))
 	require.Equal(t, 51, left, "p200's rows: ids 200 to 250")
+}
+
+// The seam a move of an outbox holding rows into the partitioned layout
+// uses: a partitioned twin of the (plain) outbox table under another name,
+// with the layout's settings (migrate.Migrator.CreatePartitionedTable),
+// given partitions from the oldest row's id on by EnsurePartitions, takes
+// the outbox's rows, inserts (ids from the same sequence) and guard.
+func TestPartitionedTwinForAMove(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 4})
+	fill(t, db, 150, time.Hour, time.Hour, 0) // the plain outbox holds ids 1-150
+	m, err := migrate.New(db.Tables)
+	require.NoError(t, err)
+	twin := db.Tables.Outbox + "_next"
+	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return m.CreatePartitionedTable(ctx, tx, twin, migrate.PartitionSettings{Width: 100, Ahead: time.Hour})
+	}))
+	res, err := ops.EnsurePartitions(ctx, db.Pool, ops.PartitionConfig{Tables: db.Tables, Table: twin, From: 1})
+	require.NoError(t, err)
+	require.Equal(t, int64(0), res.Created[0].From, "from the oldest row on")
+	require.GreaterOrEqual(t, res.Headroom.IDs, int64(150), "an hour at the rate of the outbox's last hour of rows")
+
+	twinQ := db.Tables.Schema + "." + twin
+	// The copy keeps the rows' ids, which the guard refuses from a
+	// producer: a move copies with the triggers off.
+	require.NoError(t, pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO "+twinQ+" SELECT * FROM "+db.Tables.OutboxIdent())
+		return err
+	}))
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+twinQ).Scan(&n))
+	require.Equal(t, 150, n)
+	exec(t, db, "INSERT INTO "+twinQ+" (aggregate_id, type, payload) VALUES (gen_random_uuid(), 'order.placed', '{}')")
+	_, err = db.Pool.Exec(ctx, "INSERT INTO "+twinQ+" (aggregate_id, type, payload) VALUES (gen_random_uuid(), 'bad topic', '{}')")
+	require.ErrorContains(t, err, "holds a character Kafka refuses", "the guard came along")
+	p, err := m.Partitioning(ctx, db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, migrate.LayoutPlain, p.Layout, "the outbox table itself is untouched")
 }

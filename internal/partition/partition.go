@@ -88,6 +88,16 @@ func List(ctx context.Context, db outbox.DB, parent string) ([]Partition, error)
 	return out, nil
 }
 
+// IsPartitioned reports whether the table (quoted and qualified) is a
+// partitioned table.
+func IsPartitioned(ctx context.Context, db outbox.DB, table string) (bool, error) {
+	var partitioned bool
+	if err := db.QueryRow(ctx, partitionedSQL, table).Scan(&partitioned); err != nil {
+		return false, fmt.Errorf("partition: read the layout of %s: %w", table, err)
+	}
+	return partitioned, nil
+}
+
 // lockTimeout bounds how long one DDL statement here waits for its lock,
 // and attempts how often it is tried: a statement queued behind a long
 // transaction would queue the producers and relayers behind it.

@@ -15,6 +15,9 @@ const listSQL = `SELECT c.relname::text, pg_catalog.pg_get_expr(c.relpartbound, 
 FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = $1::regclass`
 
+// partitionedSQL reads whether the table $1 (quoted) is partitioned.
+const partitionedSQL = `SELECT coalesce((SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = to_regclass($1)), false)`
+
 // stateSQL reads whether the table $1 exists, whether it is a partition of
 // $2 and whether its detach is unfinished (both quoted names).
 const stateSQL = `SELECT c.oid IS NOT NULL, i.inhrelid IS NOT NULL, coalesce(i.inhdetachpending, false)
@@ -63,7 +66,7 @@ const (
 )
 
 var _ = sqltext.Register("partition", map[string]string{
-	"listSQL": listSQL, "stateSQL": stateSQL, "ownerSQL": ownerSQL,
+	"listSQL": listSQL, "stateSQL": stateSQL, "partitionedSQL": partitionedSQL, "ownerSQL": ownerSQL,
 	"migrationLockSQL": migrationLockSQL, "lockTimeoutSQL": lockTimeoutSQL,
 })
 

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -239,4 +240,44 @@ func TestRelayRefusesAFilteredPublicationOfItsTable(t *testing.T) {
 			require.Zero(t, slots, "no slot created, nothing confirmed")
 		})
 	}
+}
+
+// The publication of a partitioned outbox must report its partitions'
+// inserts as the outbox's (publish_via_partition_root): Setup makes it so,
+// fixes a publication without it while no slot was made (nothing was
+// decoded yet), and refuses one with a slot, saying how to start again.
+func TestSetupPublishesAPartitionedOutboxAsItself(t *testing.T) {
+	t.Parallel()
+	url := needLogical(t)
+	ctx := context.Background()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 4, ServerURL: url, Partitioned: true, PartitionWidth: 100})
+	viaRoot := func(pub string) bool {
+		var v bool
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT pubviaroot FROM pg_publication WHERE pubname = $1", pub).Scan(&v))
+		return v
+	}
+	suffix := strings.ReplaceAll(uuid.NewString(), "-", "")[:10]
+	for _, name := range []string{"fresh", "byhand", "slotted"} {
+		name := name + "_" + suffix
+		t.Cleanup(func() { _ = walrelay.Teardown(context.Background(), db.Pool, name, name) })
+	}
+	fresh := "fresh_" + suffix
+	require.NoError(t, walrelay.Setup(ctx, db.Pool, db.Tables, fresh, fresh))
+	require.True(t, viaRoot(fresh))
+
+	byHand := "byhand_" + suffix
+	_, err := db.Pool.Exec(ctx, "CREATE PUBLICATION "+byHand+" FOR TABLE "+db.Tables.OutboxIdent()+" WITH (publish = 'insert')")
+	require.NoError(t, err)
+	require.NoError(t, walrelay.Setup(ctx, db.Pool, db.Tables, byHand, byHand))
+	require.True(t, viaRoot(byHand), "fixed: no slot had decoded anything with it off")
+
+	slotted := "slotted_" + suffix
+	_, err = db.Pool.Exec(ctx, "CREATE PUBLICATION "+slotted+" FOR TABLE "+db.Tables.OutboxIdent()+" WITH (publish = 'insert')")
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slotted)
+	require.NoError(t, err)
+	err = walrelay.Setup(ctx, db.Pool, db.Tables, slotted, slotted)
+	require.ErrorIs(t, err, walrelay.ErrNotThisOutbox)
+	require.ErrorContains(t, err, "publish_via_partition_root is off")
+	require.False(t, viaRoot(slotted), "left as it was")
 }
