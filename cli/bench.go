@@ -71,6 +71,7 @@ BENCHMARKS.md holds one full run and how to reproduce it.`,
 	f.IntVar(&o.cfg.MemoryEvents, "memory-events", 0, "events the memory scenario's relay drains, its consumer processes and its WAL relay streams (default 1000000; 20000 with --short)")
 	f.BoolVar(&o.cfg.Watermill, "watermill", false, "also drain the relay preload with the Watermill forwarder (builds bench/watermill)")
 	f.StringVar(&o.cfg.WatermillDir, "watermill-dir", "bench/watermill", "the bench/watermill module's directory")
+	f.IntVar(&o.cfg.CleanupEvents, "cleanup-events", 0, "events the cleanup scenario fills each layout's outbox with, over 9 days (default 10000000; 20000 with --short)")
 	f.StringVar(&o.steadyRate, "steady-rates", "", "steady scenario: emit rates in events/s, separated by commas (default 1000,10000)")
 	f.StringSliceVar(&o.cfg.SteadySources, "steady-sources", nil, "steady scenario: readers to measure, of recvlogical, floor (the cheapest WAL relay that waits for the broker: a yardstick, not a mode), poll and wal (default all four)")
 	f.StringArrayVar(&o.cfg.SteadyRelayArgs, "steady-relay-arg", nil, "steady scenario: an extra flag for its `outbox relay` processes, e.g. --steady-relay-arg=--busy-poll-interval=4ms (repeat for more)")

@@ -70,6 +70,10 @@ type Config struct {
 	// of their own. Defaults to nil: the memory scenario is skipped with a
 	// note.
 	OutboxCommand func(ctx context.Context, args ...string) *exec.Cmd
+	// CleanupEvents is how many events the cleanup scenario fills each
+	// layout's outbox with, spread over 9 days. Defaults to 10,000,000
+	// (20,000 with Short).
+	CleanupEvents int
 	// SteadyRates are the steady scenario's emit rates, events per
 	// second. Defaults to 1,000 and 10,000.
 	SteadyRates []int
@@ -121,6 +125,9 @@ func (c Config) withDefaults() Config {
 	if c.MemoryEvents == 0 {
 		c.MemoryEvents = pick(c.Short, 20_000, 1_000_000)
 	}
+	if c.CleanupEvents == 0 {
+		c.CleanupEvents = pick(c.Short, 20_000, 10_000_000)
+	}
 	if c.SteadyRates == nil {
 		c.SteadyRates = []int{1000, 10000}
 	}
@@ -152,6 +159,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("bench: %d aggregates; use a positive number", c.Aggregates)
 	case c.MemoryEvents < 1:
 		return fmt.Errorf("bench: %d memory events; use a positive number", c.MemoryEvents)
+	case c.CleanupEvents < 1000 || c.CleanupEvents > 1_000_000_000:
+		return fmt.Errorf("bench: %d cleanup events; use 1,000 to 1,000,000,000", c.CleanupEvents)
 	}
 	for _, r := range c.SteadyRates {
 		if r < 1 || r > 100_000 {
@@ -205,6 +214,7 @@ func Scenarios() []Scenario {
 		{"amqp", "RabbitMQ: drain through amqppub vs amqp091-go alone with the same durability, and commit-to-confirm latency at 1,000 events/s", false, runAMQP},
 		{"steady", "CPU per event of `outbox relay` (polling and --mode wal) and of pg_recvlogical, each its own process, under one-event transactions at 1,000 and 10,000/s; commit-to-ack p50/p99; the server's cost (backend CPU, pg_stat_statements) on a throwaway wal_level=logical cluster", false, runSteady},
 		{"multi", "one `outbox relay --config` process serving 50 outboxes in 10 databases (created and dropped): RSS, server connections, idle CPU, and one busy outbox's commit-to-ack p99 at 200 events/s with the others idle and with one database unreachable, against a relay of that outbox alone", false, runMulti},
+		{"cleanup", "retention keeping 7 of 9 days: batched DELETE on the plain table vs dropping partitions, same rows: the cleanup's WAL, dead tuples, VACUUM after, business p99 during it; the relay's claim with 30 partitions vs 1 (throwaway cluster)", false, runRetention},
 		{"memory", "peak RSS of an `outbox relay` process draining 1M events, then of an `outbox consume` process processing them, and of an `outbox relay --mode wal` process streaming 1M events (with its slot lag)", true, runMemory},
 	}
 }

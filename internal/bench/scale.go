@@ -164,42 +164,59 @@ func timeClaims(ctx context.Context, e *env, claimSQL string, n int) ([]time.Dur
 // batch. The relay package keeps its SQL unexported; this measures what
 // production runs without copying it.
 func captureClaimSQL(ctx context.Context, e *env) (string, error) {
-	tr := &claimTracer{found: make(chan string, 1)}
+	c, err := captureClaim(ctx, e)
+	return c.sql, err
+}
+
+// capturedClaim is the relayer's claim statement and the statements it
+// sends before it in the claim's transaction (SET LOCAL of the planner
+// settings the claim is written for).
+type capturedClaim struct {
+	sql   string
+	setup []string
+}
+
+// captureClaim is captureClaimSQL with the claim transaction's settings.
+func captureClaim(ctx context.Context, e *env) (capturedClaim, error) {
+	tr := &claimTracer{found: make(chan capturedClaim, 1)}
 	pcfg := e.pool.Config().Copy()
 	pcfg.MaxConns = 1
 	pcfg.ConnConfig.Tracer = tr
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return "", err
+		return capturedClaim{}, err
 	}
 	defer pool.Close()
 	r, err := relay.New(relay.Config{Common: relay.Common{Pool: pool, Sink: nullPublisher{}, Tables: e.tables, Logger: e.s.cfg.Logger}, PollOnly: true})
 	if err != nil {
-		return "", err
+		return capturedClaim{}, err
 	}
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- r.Run(rctx) }()
 	select {
-	case sql := <-tr.found:
+	case c := <-tr.found:
 		cancel()
 		<-done
-		return sql, nil
+		return c, nil
 	case err := <-done:
-		return "", fmt.Errorf("capture the relayer's claim statement: relayer stopped: %v", err)
+		return capturedClaim{}, fmt.Errorf("capture the relayer's claim statement: relayer stopped: %v", err)
 	case <-rctx.Done():
 		<-done
-		return "", errors.New("capture the relayer's claim statement: no claim within 30s")
+		return capturedClaim{}, errors.New("capture the relayer's claim statement: no claim within 30s")
 	}
 }
 
 // claimTracer picks the claim out of the relayer's queries: the statement
 // that marks pending rows dispatched, locking them with SKIP LOCKED, and
-// takes the batch size, the rows in flight and the byte budget.
+// takes the batch size, the rows in flight and the byte budget. It keeps
+// the SET LOCAL statements sent before it.
 type claimTracer struct {
 	once  sync.Once
-	found chan string
+	mu    sync.Mutex
+	setup []string
+	found chan capturedClaim
 }
 
 func (t *claimTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
@@ -223,8 +240,13 @@ func (t *claimTracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.T
 func (t *claimTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func (t *claimTracer) saw(sql string, args []any) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if strings.HasPrefix(sql, "SET LOCAL ") && !slices.Contains(t.setup, sql) {
+		t.setup = append(t.setup, sql)
+	}
 	if len(args) == 3 && strings.Contains(sql, "SKIP LOCKED") && strings.Contains(strings.ToUpper(sql), "SET DISPATCHED_AT") {
-		t.once.Do(func() { t.found <- sql })
+		t.once.Do(func() { t.found <- capturedClaim{sql: sql, setup: slices.Clone(t.setup)} })
 	}
 }
 
