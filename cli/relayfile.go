@@ -372,11 +372,6 @@ func redactConnString(s string) string {
 	})
 }
 
-// redactErrText hides every password=... of s.
-func redactErrText(s string) string {
-	return keywordPassword.ReplaceAllString(s, "${1}***")
-}
-
 var (
 	keywordPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&)]*)`)
 	anyRef          = regexp.MustCompile(`\$\{[A-Za-z_][A-Za-z0-9_]*\}`)
