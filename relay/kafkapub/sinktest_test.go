@@ -69,7 +69,7 @@ func kafkaSinkOn(t *testing.T, cfg kafkapub.PublisherConfig, newClient func(kafk
 	t.Cleanup(b.Close)
 	client, err := newClient(kafka.ClientConfig{Brokers: []string{b.Addr()}, Opts: []kgo.Opt{
 		// A transient fault surfaces as an error after this long.
-		kgo.RecordDeliveryTimeout(2 * time.Second),
+		kgo.RecordDeliveryTimeout(5 * time.Second),
 		// Plain record batches, which the per-record faults read.
 		kgo.ProducerBatchCompression(kgo.NoCompression()),
 	}})
