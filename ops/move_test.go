@@ -208,6 +208,16 @@ func TestConvertUnderLoadWithAWALRelay(t *testing.T) {
 		return active
 	}, 30*time.Second, 20*time.Millisecond, "the WAL relayer never streamed")
 
+	// If the events do not all arrive, say where the relayer and the slot
+	// stood: published or not, parked or dropped, confirmed or not.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		var confirmed, current string
+		_ = db.Pool.QueryRow(context.Background(), `SELECT coalesce(confirmed_flush_lsn::text, ''), pg_current_wal_lsn()::text FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&confirmed, &current)
+		t.Logf("the relayer at the failure: %+v; slot confirmed %s, WAL at %s", wr.Stats(), confirmed, current)
+	})
 	m, err := migrate.New(db.Tables)
 	require.NoError(t, err)
 	load := startLoad(t, db, 4, 40)
