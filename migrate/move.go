@@ -34,8 +34,7 @@ import (
 //     its partition's name and attached (the valid CHECK spares the scan,
 //     its primary key and pending index are attached, not built), the
 //     twin renamed into its place with the id sequence, partitions made
-//     from the bound on, the publications of the WAL source pointed at
-//     the new table (publish_via_partition_root), the layout recorded.
+//     from the bound on, the layout recorded.
 //
 // An insert at or past the bound fails while the CHECK holds and the
 // swap has not run: before each step the sequence is compared with the
@@ -44,11 +43,15 @@ import (
 //
 // Revert (partitioned to plain) is one short transaction under ACCESS
 // EXCLUSIVE: a plain twin is made, the pending rows are copied into it
-// with their ids (polling source; the WAL source, whose table is in a
-// publication, needs none: the WAL holds them), the partitioned table is
-// renamed <outbox>_retired and the twin takes its name, sequence,
-// triggers, grants and publications. Cleanup drops the retired table once
-// the retention has passed (DropRetired).
+// with their ids, the partitioned table is renamed <outbox>_retired and
+// the twin takes its name, sequence, triggers and grants. Cleanup drops
+// the retired table once the retention has passed (DropRetired).
+//
+// Neither moves an outbox in a publication (refusePublished): the WAL
+// source goes to the polling relay for the move, and comes back after.
+// The swaps still carry publications along (republishSQL), so that a
+// publication made in the instant between the check and the swap is not
+// left on the old table.
 //
 // Names resolve again after DDL: producers' and relayers' prepared
 // statements and the SQL functions reach the new table by its name on
@@ -133,6 +136,25 @@ type MoveResult struct {
 // says why and what to do.
 var ErrMoveRefused = errors.New("migrate: the move cannot run")
 
+// refusePublished refuses to move an outbox that a publication holds (the
+// WAL source). The swap points the publication at the new table in its own
+// transaction, and a stream that decodes the changes from before the swap
+// only after it (a relay that starts, restarts or lags across it) was seen
+// to confirm later inserts without receiving them: events lost. The safe
+// way is to move the outbox to the polling relay, move it, and come back.
+func (m *Migrator) refusePublished(ctx context.Context, db outbox.DB) error {
+	var published bool
+	if err := db.QueryRow(ctx, sqltext.Render(publishedSQL, m.ids)).Scan(&published); err != nil {
+		return fmt.Errorf("migrate: read whether %s is published: %w", m.ids.Outbox, err)
+	}
+	if published {
+		return fmt.Errorf("%w: %s is in a publication (the WAL source relays it), and moving it while a slot decodes it can lose events; "+
+			"move it to the polling relay first ('outbox switch to-poll', then 'outbox relay --mode wal --teardown'), run this again, then come back ('outbox switch to-wal')",
+			ErrMoveRefused, m.ids.Outbox)
+	}
+	return nil
+}
+
 // ReadMove reads the record of the last move of m's outbox table; found
 // is false when none was ever begun.
 func (m *Migrator) ReadMove(ctx context.Context, db outbox.DB) (st MoveState, found bool, err error) {
@@ -198,6 +220,9 @@ func (m *Migrator) Convert(ctx context.Context, db outbox.DB, cfg MoveConfig) (M
 	}
 	cfg = cfg.withDefaults()
 	if err := m.Validate(ctx, db); err != nil {
+		return res, err
+	}
+	if err := m.refusePublished(ctx, db); err != nil {
 		return res, err
 	}
 	for range 16 {

@@ -37,6 +37,9 @@ func (m *Migrator) Revert(ctx context.Context, db outbox.DB, cfg MoveConfig) (Mo
 		res.State = s.move
 		return res, nil
 	}
+	if err := m.refusePublished(ctx, db); err != nil {
+		return res, err
+	}
 	if s.moving && s.move.Retired != "" {
 		return res, fmt.Errorf("%w: an earlier revert's table %s is still there; cleanup drops it once the retention has passed, or drop it yourself (DROP TABLE %s), then run again",
 			ErrMoveRefused, s.move.Retired, pgident.Qualified(m.tables.Schema, s.move.Retired))
