@@ -5,10 +5,8 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/pgident"
@@ -171,19 +169,9 @@ type binaryStep struct {
 
 func (m *Migrator) runBinarySteps(ctx context.Context, db outbox.DB, steps []binaryStep) error {
 	for _, s := range steps {
-		var err error
-		for attempt := 1; attempt <= binaryAttempts; attempt++ {
-			err = m.inTx(ctx, db, true, func(tx pgx.Tx) error { return m.binaryStep(ctx, tx, s) })
-			var pgErr *pgconn.PgError
-			if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-			}
-		}
+		err := retryLocked(ctx, func() error {
+			return m.inTx(ctx, db, true, func(tx pgx.Tx) error { return m.binaryStep(ctx, tx, s) })
+		})
 		if err != nil {
 			return fmt.Errorf("migrate: binary payloads of %s: %s: %w", m.tables.OutboxIdent(), s.name, err)
 		}

@@ -384,18 +384,5 @@ func refusal(err error) error {
 // retryLocked runs fn until it succeeds, fails other than by a lock
 // timeout, or has been tried binaryAttempts times.
 func retryLocked(ctx context.Context, fn func() error) error {
-	var err error
-	for attempt := 1; attempt <= binaryAttempts; attempt++ {
-		err = fn()
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-		}
-	}
-	return err
+	return partition.RetryLocked(ctx, binaryAttempts, fn)
 }

@@ -269,14 +269,25 @@ func StateOf(ctx context.Context, db outbox.DB, schema, parent, name string) (St
 	return Detached, nil
 }
 
-// retry runs fn until it succeeds, fails for a reason other than a lock
-// timeout, or has been tried attempts times.
+// retry is RetryLocked with this package's bound, saying what it waited
+// for when it gives up.
 func retry(ctx context.Context, fn func() error) error {
+	err := RetryLocked(ctx, attempts, fn)
+	if isLockTimeout(err) {
+		return fmt.Errorf("%w (waited %s for a lock %d times: a long transaction on the outbox table?)", err, lockTimeout, attempts)
+	}
+	return err
+}
+
+// RetryLocked runs fn until it succeeds, fails for a reason other than a
+// lock timeout (SQLSTATE 55P03, lock_not_available: a statement under a
+// lock_timeout that met a long transaction), or has been tried attempts
+// times, waiting a little longer after each timeout. It returns fn's last
+// error, or ctx's.
+func RetryLocked(ctx context.Context, attempts int, fn func() error) error {
 	var err error
 	for attempt := 1; attempt <= attempts; attempt++ {
-		err = fn()
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+		if err = fn(); !isLockTimeout(err) {
 			return err
 		}
 		select {
@@ -285,5 +296,10 @@ func retry(ctx context.Context, fn func() error) error {
 		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("%w (waited %s for a lock %d times: a long transaction on the outbox table?)", err, lockTimeout, attempts)
+	return err
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }

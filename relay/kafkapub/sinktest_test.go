@@ -45,9 +45,9 @@ func TestSinkConformanceCloudEvents(t *testing.T) {
 
 // On a client shared by several outboxes' publishers, which waits for
 // its own records instead of flushing the client, it passes the suite
-// too.
+// too. Not in parallel with the other suites of this package: a third
+// set of brokers at once made their fault cases time out under CI's load.
 func TestSinkConformanceSharedClient(t *testing.T) {
-	t.Parallel()
 	sinktest.Run(t, sinktest.Harness{Name: "kafka-shared", New: func(t *testing.T) *sinktest.Sink {
 		return kafkaSinkOn(t, kafkapub.PublisherConfig{}, kafkapub.NewSharedPublisherClient)
 	}})
