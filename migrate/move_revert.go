@@ -72,18 +72,17 @@ func (m *Migrator) swapPlain(ctx context.Context, tx pgx.Tx, cfg MoveConfig) (in
 	if pendingDetach > 0 || detaching != nil {
 		return 0, fmt.Errorf("%w: retention left a partition half detached; run `outbox cleanup` to finish it, then run again", ErrMoveRefused)
 	}
-	var published bool
-	if err := tx.QueryRow(ctx, sqltext.Render(publishedSQL, m.ids)).Scan(&published); err != nil {
+	// Checked again under the lock: a publication made since Revert's
+	// check would otherwise be moved by the swap.
+	if err := m.refusePublished(ctx, tx); err != nil {
 		return 0, err
 	}
 	var pending int64
-	if !published {
-		if err := tx.QueryRow(ctx, sqltext.Render(pendingCountSQL, m.ids)).Scan(&pending); err != nil {
-			return 0, err
-		}
-		if pending > cfg.MaxCopy {
-			return 0, fmt.Errorf("%w: %d rows are pending, more than the %d a revert copies under its lock; let the relay drain the backlog (or raise --max-copy) and run again", ErrMoveRefused, pending, cfg.MaxCopy)
-		}
+	if err := tx.QueryRow(ctx, sqltext.Render(pendingCountSQL, m.ids)).Scan(&pending); err != nil {
+		return 0, err
+	}
+	if pending > cfg.MaxCopy {
+		return 0, fmt.Errorf("%w: %d rows are pending, more than the %d a revert copies under its lock; let the relay drain the backlog (or raise --max-copy) and run again", ErrMoveRefused, pending, cfg.MaxCopy)
 	}
 	var pkey string
 	if err := tx.QueryRow(ctx, pkeyNameSQL, m.ids.Outbox).Scan(&pkey); err != nil {
@@ -95,7 +94,7 @@ func (m *Migrator) swapPlain(ctx context.Context, tx pgx.Tx, cfg MoveConfig) (in
 	if _, err := tx.Exec(ctx, sqltext.Render(beginMoveSQL, m.ids), MoveRevert, StepSwap, nil); err != nil {
 		return 0, err
 	}
-	for _, stmt := range m.revertScript(pkey, !published) {
+	for _, stmt := range m.revertScript(pkey) {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return 0, fmt.Errorf("%w (in: %.120s)", err, stmt)
 		}
@@ -111,18 +110,16 @@ func (m *Migrator) swapPlain(ctx context.Context, tx pgx.Tx, cfg MoveConfig) (in
 }
 
 // revertScript is the revert's SQL: a plain twin, with the pending rows
-// when copy is set, takes the name of the partitioned table (primary key
+// copied, takes the name of the partitioned table (primary key
 // pkey), which becomes <outbox>_retired.
-func (m *Migrator) revertScript(pkey string, copyPending bool) []string {
+func (m *Migrator) revertScript(pkey string) []string {
 	schema := m.tables.Schema
 	tmp, retired := m.trimmed("_plain"), m.trimmed("_retired")
 	tmpQ := pgident.Qualified(schema, tmp)
 	stmts := []string{
 		fmt.Sprintf(sqltext.Render(createPlainSQL, m.ids), tmpQ, pgident.Quote(trim(tmp+"_pkey"))),
 		fmt.Sprintf(sqltext.Render(createPendingSQL, m.ids), pgident.Quote(trim(tmp+"_pending_idx")), tmpQ),
-	}
-	if copyPending {
-		stmts = append(stmts, fmt.Sprintf(sqltext.Render(copyPendingSQL, m.ids), tmpQ))
+		fmt.Sprintf(sqltext.Render(copyPendingSQL, m.ids), tmpQ),
 	}
 	return append(stmts,
 		fmt.Sprintf(sqltext.Render(copyTriggersSQL, m.ids), tmpQ),
@@ -182,7 +179,7 @@ func (m *Migrator) PlanMove(ctx context.Context, db outbox.DB, direction string,
 		if err := db.QueryRow(ctx, sqltext.Render(pendingCountSQL, m.ids)).Scan(&pending); err != nil {
 			return nil, err
 		}
-		return []string{swap + fmt.Sprintf("a plain table takes its name, sequence, triggers, grants and publications, with its %d pending rows copied (none if it is published: the WAL source); the partitioned table becomes %s, which cleanup drops after the retention", pending, m.trimmed("_retired"))}, nil
+		return []string{swap + fmt.Sprintf("a plain table takes its name, sequence, triggers, grants and publications, with its %d pending rows copied; the partitioned table becomes %s, which cleanup drops after the retention", pending, m.trimmed("_retired"))}, nil
 	}
 	if s.kind == "p" {
 		return []string{t + " is partitioned: nothing to do"}, nil
