@@ -49,6 +49,9 @@ type relayOptions struct {
 	cpuProfile string
 	// procs is --procs: how many threads run Go code (procs.go).
 	procs string
+	// tx is --progress-topic and --transaction-timeout, the Kafka
+	// transactions of --exactly-once.
+	tx kafkapub.TxConfig
 }
 
 func newRelayCmd(g *globals) *cobra.Command {
@@ -134,6 +137,10 @@ func (o *relayOptions) register(f *pflag.FlagSet, g *globals) {
 	f.StringVar(&o.pcfg.Source, "source", "", "value of the event_source header, naming this outbox for consumers that read several (default: none)")
 	f.StringVar(&o.sinkURL, "sink", "", "where to publish: a URL whose scheme picks the sink ("+schemeList()+"), e.g. kafka://host:9092; default: Kafka on --brokers (docs/sinks.md)")
 	f.StringVar(&o.mode, "mode", "poll", "where events come from: poll (claim pending rows) or wal (stream a logical replication slot; experimental, see docs/wal.md)")
+	f.BoolVar(&o.common.ExactlyOnce, "exactly-once", false, "publish each batch to Kafka in one transaction with the relay's progress, so that a read_committed consumer sees every event once through any crash (docs/exactly-once.md)")
+	f.StringVar(&o.common.TransactionalID, "transactional-id", "", "with --exactly-once: the prefix of the relay's Kafka transactional ids, the same for every replica of this outbox and unique per outbox on the cluster (default: outbox/<schema>.<table>)")
+	f.StringVar(&o.tx.ProgressTopic, "progress-topic", kafkapub.DefaultProgressTopic, "with --exactly-once: the compacted topic where each transaction records the relay's progress (created when missing)")
+	durationVar(f, &o.tx.TransactionTimeout, "transaction-timeout", kafkapub.DefaultTransactionTimeout, "with --exactly-once: how long the broker lets a transaction stay open before it aborts it (bounds how long a relay that died mid-batch holds back read_committed consumers)")
 	o.contracts.register(f, "each event of a type with a contract is checked before it is sent, and one that breaks it is held (reason contract; --mode wal: parked) until fixed and retried (docs/contracts.md)")
 	o.ce.register(f)
 	o.wal.register(f)

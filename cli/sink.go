@@ -32,6 +32,9 @@ type sinkEnv struct {
 	kafka kafkapub.PublisherConfig
 	// ce is what --cloudevents stamps, nil without it.
 	ce *cloudevents.Config
+	// tx, with --exactly-once, configures the Kafka sink's transactions
+	// (its Client is filled in by openKafka); nil without it.
+	tx *kafkapub.TxConfig
 	// conns, when not nil, holds the connections the outboxes of the
 	// process share: an opener that can share its client gets it there,
 	// under key (sinkKey), instead of dialling its own.
@@ -249,8 +252,19 @@ func openKafka(cfg kafka.ClientConfig, env sinkEnv) (openedSink, error) {
 	client := v.(*kgo.Client)
 	pcfg := env.kafka
 	pcfg.Logger = env.log
+	var sink relay.Sink = kafkapub.NewPublisher(client, pcfg)
+	if env.tx != nil {
+		tcfg := *env.tx
+		tcfg.Client = cfg
+		tx, err := kafkapub.NewTxPublisher(client, pcfg, tcfg)
+		if err != nil {
+			release()
+			return openedSink{}, err
+		}
+		sink = tx
+	}
 	return openedSink{
-		sink:  kafkapub.NewPublisher(client, pcfg),
+		sink:  sink,
 		ping:  func(ctx context.Context) error { return pingKafka(ctx, client, cfg.Brokers) },
 		close: release,
 	}, nil
@@ -266,6 +280,9 @@ var kafkaOnlyFlags = []string{"brokers", "tls", "tls-ca", "tls-cert", "tls-key",
 // conns, when not nil, holds the clients the process's outboxes share.
 func (o *relayOptions) openSink(ctx context.Context, f *pflag.FlagSet, log *slog.Logger, conns *sinkConns) (openedSink, error) {
 	env := sinkEnv{log: log, source: o.pcfg.Source, deliver: o.deliver, kafka: o.pcfg, ce: o.ceCfg, conns: conns, key: o.sinkKey()}
+	if o.common.ExactlyOnce {
+		env.tx = &o.tx
+	}
 	env.kafka.CloudEvents = o.ceCfg
 	if o.sinkURL == "" {
 		kcfg, err := o.kf.brokersConfig(log)

@@ -42,3 +42,24 @@ func ProducerOptions() []kgo.Opt {
 		kgo.MaxBufferedRecords(100_000),
 	}
 }
+
+// TransactionalProducerOptions are ProducerOptions for a transactional
+// producer with transactional id id: idempotent (transactions need it),
+// without the cancellation of records in flight (which transactions
+// refuse: an abandoned record would leave the transaction's sequence
+// unknown), with the broker aborting a transaction left open for timeout.
+func TransactionalProducerOptions(id string, timeout time.Duration) []kgo.Opt {
+	opts := make([]kgo.Opt, 0, 12)
+	opts = append(opts,
+		kgo.AllowAutoTopicCreation(),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerLinger(0),
+		kgo.RecordDeliveryTimeout(DefaultDeliveryTimeout),
+		kgo.ProducerBatchMaxBytes(DefaultMaxMessageBytes),
+		kgo.UnknownTopicRetries(3),
+		kgo.MaxBufferedRecords(100_000),
+		kgo.TransactionalID(id),
+		kgo.TransactionTimeout(timeout),
+	)
+	return opts
+}

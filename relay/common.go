@@ -116,6 +116,21 @@ type Common struct {
 	// are published unchanged. Defaults to propagation.TraceContext{}
 	// (W3C Trace Context).
 	Propagator propagation.TextMapPropagator
+	// ExactlyOnce publishes each batch as one broker transaction that
+	// also records the source's progress, so that no event is visible
+	// twice to a reader of committed data through any crash of the
+	// relayer, the database or the broker (docs/exactly-once.md). Sink
+	// must be a TransactionalSink (kafkapub.TxPublisher). Defaults to
+	// false: at-least-once delivery.
+	ExactlyOnce bool
+	// TransactionalID names the source's lanes (LaneID) with ExactlyOnce:
+	// their transactional ids are "<TransactionalID>/<lane>". It must be
+	// the same for every replica of one outbox and differ between
+	// outboxes publishing to one broker cluster, and never change while
+	// an outbox has events in flight. Defaults to
+	// "outbox/<schema>.<table>"; set it when two databases publish
+	// outboxes of the same name to one cluster.
+	TransactionalID string
 }
 
 // WithDefaults returns c with its zero fields set to their defaults.
@@ -148,6 +163,9 @@ func (c Common) WithDefaults() Common {
 	}
 	if c.Propagator == nil {
 		c.Propagator = propagation.TraceContext{}
+	}
+	if c.TransactionalID == "" {
+		c.TransactionalID = "outbox/" + c.Tables.Schema + "." + c.Tables.Outbox
 	}
 	return c
 }
@@ -196,9 +214,20 @@ func (c Common) Validate() error {
 	if c.BackoffMax < c.BackoffMin {
 		return fmt.Errorf("relay: BackoffMax (%s) is below BackoffMin (%s); raise BackoffMax or lower BackoffMin", c.BackoffMax, c.BackoffMin)
 	}
+	if c.ExactlyOnce {
+		if _, err := c.transactional(); err != nil {
+			return err
+		}
+		if len(c.TransactionalID) > MaxTransactionalIDLen {
+			return fmt.Errorf("relay: TransactionalID is %d bytes; use at most %d (the lanes' ids add their names to it)", len(c.TransactionalID), MaxTransactionalIDLen)
+		}
+	}
 	_, err := sortHooks(c.Hooks)
 	return err
 }
+
+// MaxTransactionalIDLen bounds Common.TransactionalID.
+const MaxTransactionalIDLen = 200
 
 // positiveDurations refuses the first negative duration of fields (in
 // name order, so that the message does not vary). 0 is accepted: it

@@ -24,7 +24,19 @@ import (
 // timeout. Records of one partition are in offset order.
 func Read(t testing.TB, addr string, timeout time.Duration, done func([]*kgo.Record) bool, topics ...string) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topics...),
+	return read(t, addr, timeout, done, topics, kgo.FetchIsolationLevel(kgo.ReadUncommitted()))
+}
+
+// ReadCommitted is Read with read_committed isolation: records of open or
+// aborted transactions are never returned.
+func ReadCommitted(t testing.TB, addr string, timeout time.Duration, done func([]*kgo.Record) bool, topics ...string) []*kgo.Record {
+	t.Helper()
+	return read(t, addr, timeout, done, topics, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+}
+
+func read(t testing.TB, addr string, timeout time.Duration, done func([]*kgo.Record) bool, topics []string, isolation kgo.Opt) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topics...), isolation,
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(100*time.Millisecond))
 	require.NoError(t, err)
 	defer cl.Close()

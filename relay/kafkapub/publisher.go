@@ -238,10 +238,31 @@ var errNotSent = errors.New("not sent: an earlier record of its aggregate failed
 // rest and waits for every acknowledgement, splitting requests the broker
 // refuses as a whole (see Publisher).
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
-	errs := make([]error, len(msgs))
+	errs, send, topics := p.admit(ctx, msgs)
+	var done []int
+	for w, idx := range rounds(msgs, send, topics) {
+		if w > 0 {
+			idx = notBehindFailure(msgs, done, idx, errs)
+		}
+		p.send(ctx, msgs, idx, errs)
+		if again := p.recreated(ctx, msgs, idx, errs); len(again) > 0 {
+			p.send(ctx, msgs, again, errs)
+		}
+		done = append(done, idx...)
+	}
+	p.noteOutcome(ctx, send, errs)
+	return errs
+}
+
+// admit refuses the records of msgs larger than their topic accepts (and
+// leaves the later records of their aggregates unsent), and returns the
+// errors so far, the indexes of the records to send and how many topics
+// msgs go to.
+func (p *Publisher) admit(ctx context.Context, msgs []relay.Message) (errs []error, send []int, topics int) {
+	errs = make([]error, len(msgs))
 	limits := p.limits.lookup(ctx, topicsOf(msgs))
 	var failed map[uuid.UUID]bool
-	send := make([]int, 0, len(msgs))
+	send = make([]int, 0, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
 		if failed[m.AggregateID] {
@@ -265,19 +286,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
 		}
 		send = append(send, i)
 	}
-	var done []int
-	for w, idx := range rounds(msgs, send, len(limits)) {
-		if w > 0 {
-			idx = notBehindFailure(msgs, done, idx, errs)
-		}
-		p.send(ctx, msgs, idx, errs)
-		if again := p.recreated(ctx, msgs, idx, errs); len(again) > 0 {
-			p.send(ctx, msgs, again, errs)
-		}
-		done = append(done, idx...)
-	}
-	p.noteOutcome(ctx, send, errs)
-	return errs
+	return errs, send, len(limits)
 }
 
 // rounds splits idx (ascending) into the rounds Publish sends one after the
