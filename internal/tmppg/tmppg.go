@@ -130,7 +130,11 @@ func StartWith(ctx context.Context, o Options) (*Cluster, error) {
 
 func (c *Cluster) start(ctx context.Context) error {
 	if out, err := c.run(ctx, c.pgctl, "-D", filepath.Join(c.dir, "data"), "-o", c.opts, "-l", filepath.Join(c.dir, "log"), "-w", "-t", "30", "start"); err != nil {
-		return fmt.Errorf("tmppg: pg_ctl start: %w: %s", err, out)
+		log, _ := os.ReadFile(filepath.Join(c.dir, "log"))
+		if len(log) > 2000 {
+			log = log[len(log)-2000:]
+		}
+		return fmt.Errorf("tmppg: pg_ctl start: %w: %s\nserver log (end):\n%s", err, out, log)
 	}
 	return nil
 }
@@ -158,6 +162,88 @@ func (c *Cluster) Down(ctx context.Context) error {
 		return fmt.Errorf("tmppg: pg_ctl stop: %w: %s", err, out)
 	}
 	return nil
+}
+
+// Kill crashes the server with SIGKILL, the postmaster and every process
+// it started at once (as the kernel's OOM killer or a power cut would end
+// them: no shutdown checkpoint, no goodbye to clients), and waits until
+// they are gone. Up starts it again, through crash recovery.
+func (c *Cluster) Kill() error {
+	raw, err := os.ReadFile(filepath.Join(c.dir, "data", "postmaster.pid"))
+	if err != nil {
+		return fmt.Errorf("tmppg: kill: no running server: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(raw), "\n", 2)[0]))
+	if err != nil {
+		return fmt.Errorf("tmppg: kill: postmaster.pid: %w", err)
+	}
+	pids := append(childrenOf(pid), pid)
+	for _, p := range pids {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, p := range pids {
+		for syscall.Kill(p, 0) == nil && !zombie(p) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("tmppg: kill: process %d still runs", p)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// A killed postmaster whose parent does not reap it (as in containers
+	// whose first process reaps nothing) stays a zombie, whose pid still
+	// answers: the next start would take its lock file for a running
+	// server's. Its processes are gone, so the lock file is stale.
+	// The same holds for the socket's lock file.
+	stale, _ := filepath.Glob(filepath.Join(c.dir, ".s.PGSQL.*"))
+	for _, f := range append(stale, filepath.Join(c.dir, "data", "postmaster.pid")) {
+		if err := os.Remove(f); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("tmppg: kill: remove the stale %s: %w", f, err)
+		}
+	}
+	return nil
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ok := parentOf(child); ok && ppid == pid {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+// parentOf reads a process's parent from /proc/<pid>/stat (field 4, after
+// the command in parentheses, which may hold spaces).
+func parentOf(pid int) (int, bool) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	fields := strings.Fields(string(stat[i+1:]))
+	if len(fields) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(fields[1])
+	return ppid, err == nil
+}
+
+// zombie reports whether pid has exited and waits to be reaped.
+func zombie(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
 // Up starts the server that Down stopped. It returns once the server
