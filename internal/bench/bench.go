@@ -205,6 +205,7 @@ func Scenarios() []Scenario {
 		{"relay", "drain a preload with 1, 2 and 4 relayers vs the bare claim-and-mark SQL (--watermill adds Watermill)", true, runRelay},
 		{"watermill", "drain the same preload with the Watermill forwarder (separate module in bench/watermill)", false, runWatermillScenario},
 		{"redis", "drain a preload to a Redis stream (own redis-server) vs go-redis alone; commit-to-ack latency at 1,000 events/s", false, runRedis},
+		{"exactlyonce", "the polling relay with --exactly-once vs at-least-once in one run: drain of a preload, and commit-to-visible latency for a read_committed consumer at 1,000 events/s", false, runExactlyOnce},
 		{"latency", "commit-to-broker-ack latency at a steady emit rate, LISTEN/NOTIFY and poll-only", true, runLatency},
 		{"scale", "claim time and relay throughput with 0, 1M and 10M dispatched rows in the table", true, runScale},
 		{"consumer", "idempotent processing throughput, single and batched", true, runConsumer},

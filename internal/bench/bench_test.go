@@ -166,3 +166,19 @@ func TestRunRejectsUnknownScenario(t *testing.T) {
 	require.ErrorContains(t, err, `unknown scenario "emitt"`)
 	require.ErrorContains(t, err, "emit, relay")
 }
+
+// The exactly-once scenario, short: both modes drain every event and every
+// committed event becomes visible to a read_committed consumer.
+func TestShortExactlyOnceScenario(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	results, err := bench.Run(ctx, shortConfig(t), "exactlyonce")
+	require.NoError(t, err)
+	require.Len(t, results, 1)
+	m := results[0].Metrics
+	for _, k := range []string{"at_least_once.drain_per_s", "exactly_once.drain_per_s", "at_least_once.visible_p99_ms", "exactly_once.visible_p99_ms"} {
+		require.Contains(t, m, k)
+	}
+	require.Positive(t, m["exactly_once.drain_per_s"])
+}
