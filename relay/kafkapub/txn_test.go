@@ -2,6 +2,7 @@ package kafkapub_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -170,4 +171,116 @@ func sorted(ids []int64) []int64 {
 	out := slices.Clone(ids)
 	slices.Sort(out)
 	return out
+}
+
+// A holder fenced in the middle of a transaction (its records written,
+// its commit not yet asked for, as a relayer paused by SIGSTOP) loses that
+// transaction: opening the lane aborts it, so readers of committed data
+// are not held back by it and never see its records, and its late commit
+// fails.
+func TestLaneOpenedAgainAbortsTheOldHoldersOpenTransaction(t *testing.T) {
+	t.Parallel()
+	b, newTx := txSetup(t)
+	id := "outbox/test.lane-midtx/0"
+	zombie, err := kgo.NewClient(append(kafka.TransactionalProducerOptions(id, 30*time.Second), kgo.SeedBrokers(b.Addr()))...)
+	require.NoError(t, err)
+	defer zombie.Close()
+	ctx := context.Background()
+	require.NoError(t, zombie.BeginTransaction())
+	require.NoError(t, zombie.ProduceSync(ctx, &kgo.Record{Topic: "midtx", Key: []byte(uuid.NewString()), Value: []byte(`"zombie"`),
+		Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte("1")}}}).FirstErr())
+
+	cur, _ := openLane(t, newTx(), id)
+	_, err = cur.Publish(ctx, txBatch(2, 3, "midtx", uuid.New()), []byte("1"))
+	require.NoError(t, err)
+	require.Equal(t, []int64{2, 3, 4}, sorted(committedIDs(t, b.Addr(), "midtx", 3)), "the new holder's records are visible, the fenced one's never")
+	require.Error(t, zombie.EndTransaction(ctx, kgo.TryCommit), "the fenced holder's commit fails")
+	require.Equal(t, []int64{2, 3, 4}, sorted(committedIDs(t, b.Addr(), "midtx", 3)))
+}
+
+// Whatever the broker does to a lane's transaction (a coordinator that
+// moves or loads, a transaction timed out, produce requests refused for a
+// while), the lane's contract holds: a nil error means the batch and its
+// progress are visible, ErrAborted means none of it is, and after any
+// other error the progress read on reopening says which. A source that
+// follows the contract publishes every batch exactly once.
+func TestLaneContractHoldsUnderCoordinatorFaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		fault kfake.Fault
+		// atOpen: the fault strikes when the lane is opened again.
+		atOpen bool
+	}{
+		{"EndTxn not coordinator", kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.NotCoordinator}, false},
+		{"EndTxn coordinator loading", kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.CoordinatorLoadInProgress, Count: 3}, false},
+		{"EndTxn producer fenced", kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.ProducerFenced}, false},
+		{"EndTxn transaction timed out", kfake.Fault{Keys: []kmsg.Key{kmsg.EndTxn}, TopLevel: true, Err: kerr.InvalidProducerEpoch}, false},
+		{"produce not enough replicas", kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "faults", Err: kerr.NotEnoughReplicas}, false},
+		{"FindCoordinator unavailable", kfake.Fault{Keys: []kmsg.Key{kmsg.FindCoordinator}, TxnID: "outbox/test.lane-faults/0", TopLevel: true, Err: kerr.CoordinatorNotAvailable, Count: 2}, true},
+		{"InitProducerID coordinator loading", kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, TopLevel: true, Err: kerr.CoordinatorLoadInProgress, Count: 2}, true},
+		{"InitProducerID concurrent transactions", kfake.Fault{Keys: []kmsg.Key{kmsg.InitProducerID}, TopLevel: true, Err: kerr.ConcurrentTransactions, Count: 2}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, newTx := txSetup(t)
+			tp := newTx()
+			id := "outbox/test.lane-faults/0"
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			l, progress, err := tp.OpenLane(ctx, id)
+			require.NoError(t, err)
+			defer func() {
+				if l != nil {
+					l.Close()
+				}
+			}()
+			done := 0
+			if progress != nil {
+				done, _ = strconv.Atoi(string(progress))
+			}
+			agg := uuid.New()
+			var outcomes []string
+			var fault *kfake.FaultHandle
+			for done < 4 {
+				if done == 1 && fault == nil {
+					fault = b.Fault(tc.fault)
+					if tc.atOpen {
+						l.Close()
+						l, progress, err = tp.OpenLane(ctx, id)
+						require.NoError(t, err, "opening the lane through the fault")
+						require.Equal(t, "1", string(progress))
+					}
+				}
+				next := done + 1
+				_, err := l.Publish(ctx, txBatch(int64(10*next), 5, "faults", agg), []byte(strconv.Itoa(next)))
+				switch {
+				case err == nil:
+					outcomes = append(outcomes, "committed")
+					done = next
+				case errors.Is(err, relay.ErrAborted):
+					outcomes = append(outcomes, "aborted")
+				default:
+					outcomes = append(outcomes, "unknown: "+err.Error())
+					l.Close()
+					l, progress, err = tp.OpenLane(ctx, id)
+					require.NoError(t, err, "reopening the lane after %v", outcomes)
+					done = 0
+					if progress != nil {
+						done, _ = strconv.Atoi(string(progress))
+					}
+				}
+				require.Less(t, len(outcomes), 30, "no progress: %v", outcomes)
+			}
+			var want []int64
+			for k := 1; k <= 4; k++ {
+				for i := range 5 {
+					want = append(want, int64(10*k+i))
+				}
+			}
+			require.Equal(t, want, committedIDs(t, b.Addr(), "faults", len(want)), "every batch once, in order; outcomes %v", outcomes)
+			require.Positive(t, fault.Hits(), "the fault never struck")
+			t.Logf("outcomes: %v", outcomes)
+		})
+	}
 }
