@@ -130,9 +130,9 @@ func parseReaderLine(line []byte) (delivered, error) {
 // readCommittedWith runs a reader (argv) and collects its records until it
 // has at least want and nothing new came for committedQuiet, failing t
 // after timeout or when the reader exits. progress, if set, is called with
-// the count after each record: a test can act on what the reader has seen
-// so far.
-func readCommittedWith(t *testing.T, argv []string, want int, timeout time.Duration, progress func(n int)) []delivered {
+// the records so far after each one: a test can act on what the reader has
+// seen.
+func readCommittedWith(t *testing.T, argv []string, want int, timeout time.Duration, progress func(sofar []delivered)) []delivered {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -184,7 +184,7 @@ func readCommittedWith(t *testing.T, argv []string, want int, timeout time.Durat
 			require.NoError(t, r.err, "%s printed a line that is not a record", name)
 			got, last = append(got, r.d), time.Now()
 			if progress != nil {
-				progress(len(got))
+				progress(got)
 			}
 		case <-tick.C:
 			if len(got) >= want && time.Since(last) >= committedQuiet {
@@ -195,6 +195,15 @@ func readCommittedWith(t *testing.T, argv []string, want int, timeout time.Durat
 				idSample(got), stderr.String())
 		}
 	}
+}
+
+// deliveredIDs returns the ids of ds.
+func deliveredIDs(ds []delivered) []int64 {
+	out := make([]int64, len(ds))
+	for i, d := range ds {
+		out[i] = d.id
+	}
+	return out
 }
 
 // idSample lists the first few ids of ds, for failure messages.
@@ -314,19 +323,19 @@ func TestReadCommittedReadersSkipAbortedTransactions(t *testing.T) {
 			topic := "eos-readers-" + reader.name
 			argv := reader.argv(t, b.Addr(), topic)
 			s := writeTransactions(t, b.Addr(), topic)
-			committedBefore := 0
-			got := readCommittedWith(t, argv, s.want, 60*time.Second, func(n int) {
-				if n == s.visibleBeforeOpen && committedBefore == 0 {
-					// The reader has everything before the open
+			var beforeCommit []delivered
+			got := readCommittedWith(t, argv, s.want, 60*time.Second, func(sofar []delivered) {
+				if len(sofar) == s.visibleBeforeOpen && beforeCommit == nil {
+					// The reader has everything in front of the open
 					// transaction and can go no further until it ends.
-					committedBefore = n
+					beforeCommit = slices.Clone(sofar)
 					s.commitOpen()
 				}
 			})
-			require.Equal(t, s.visibleBeforeOpen, committedBefore, "the reader got past the open transaction before it committed")
+			require.ElementsMatch(t, s.firstIDs, deliveredIDs(beforeCommit), "what the reader had read while a transaction was open")
 			lost, dups := exactlyOnce(t, s.committed, got)
 			require.Zero(t, lost+dups)
-			require.Len(t, got, s.want)
+			require.Equal(t, s.want, len(got), "records read")
 			// The aborted records are in the log: the reader skipped them.
 			all := kafkatest.Read(t, b.Addr(), 30*time.Second, kafkatest.AtLeast(s.logged), topic)
 			require.Len(t, all, s.logged, "read_uncommitted sees the aborted records too")
@@ -337,9 +346,10 @@ func TestReadCommittedReadersSkipAbortedTransactions(t *testing.T) {
 // txnScenario is what writeTransactions left on a topic.
 type txnScenario struct {
 	committed         map[uuid.UUID][]int64
-	want              int // committed records, once commitOpen is called
-	visibleBeforeOpen int // committed records in front of the open transaction
-	logged            int // records in the log, aborted ones included
+	want              int     // committed records, once commitOpen is called
+	visibleBeforeOpen int     // committed records in front of the open transaction
+	firstIDs          []int64 // their ids
+	logged            int     // records in the log, aborted ones included
 	commitOpen        func()
 }
 
@@ -394,6 +404,9 @@ func writeTransactions(t *testing.T, addr, topic string) txnScenario {
 	begin(first, round(false))
 	require.NoError(t, first.EndTransaction(ctx, kgo.TryAbort))
 	s.visibleBeforeOpen = s.logged - aggregates
+	for i := range int64(aggregates) {
+		s.firstIDs = append(s.firstIDs, i+1)
+	}
 	begin(first, round(true)) // left open
 	begin(second, round(true))
 	require.NoError(t, second.EndTransaction(ctx, kgo.TryCommit))
@@ -404,4 +417,42 @@ func writeTransactions(t *testing.T, addr, topic string) txnScenario {
 		require.NoError(t, first.EndTransaction(ctx, kgo.TryCommit))
 	}
 	return s
+}
+
+// exactlyOnceCounts finds each way a read can fall short of exactly once.
+func TestExactlyOnceCountsFlagsEachDeviation(t *testing.T) {
+	t.Parallel()
+	a, b := uuid.New(), uuid.New()
+	committed := map[uuid.UUID][]int64{a: {1, 3, 4}, b: {2, 5}}
+	read := func(ids ...int64) []delivered {
+		out := make([]delivered, len(ids))
+		for i, id := range ids {
+			agg, p := a, int32(0)
+			if id == 2 || id == 5 {
+				agg, p = b, 1
+			}
+			out[i] = delivered{key: agg.String(), partition: p, id: id}
+		}
+		return out
+	}
+	zero := eosCount{}
+	for _, c := range []struct {
+		name string
+		got  []delivered
+		want eosCount
+	}{
+		{"exact", read(1, 2, 3, 5, 4), zero},
+		{"duplicate", read(1, 2, 3, 3, 4, 5), eosCount{dups: 1}},
+		{"redelivered suffix", read(1, 3, 4, 2, 5, 3, 4), eosCount{dups: 2}},
+		{"lost", read(1, 2, 4, 5), eosCount{lost: 1}},
+		{"swapped", read(1, 2, 4, 3, 5), eosCount{misordered: 1}},
+		{"two partitions", append(read(1, 2, 3, 5), delivered{key: a.String(), partition: 1, id: 4}), eosCount{misordered: 1}},
+		{"never committed", read(1, 2, 3, 4, 5, 6), eosCount{foreign: 1}},
+		{"wrong key", append(read(1, 2, 3, 5), delivered{key: b.String(), partition: 1, id: 4}), eosCount{lost: 1, foreign: 1}},
+	} {
+		got := exactlyOnceCounts(committed, c.got)
+		require.Len(t, got.examples, got.lost+got.dups+got.misordered+got.foreign, c.name)
+		got.examples = nil
+		require.Equal(t, c.want, got, c.name)
+	}
 }
