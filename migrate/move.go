@@ -47,11 +47,14 @@ import (
 // the twin takes its name, sequence, triggers and grants. Cleanup drops
 // the retired table once the retention has passed (DropRetired).
 //
-// Neither moves an outbox in a publication (refusePublished): the WAL
-// source goes to the polling relay for the move, and comes back after.
-// The swaps still carry publications along (republishSQL), so that a
-// publication made in the instant between the check and the swap is not
-// left on the old table.
+// Both carry the outbox's publications (the WAL source's) to the new
+// table in the swap's transaction (republishSQL): pgoutput decodes each
+// change with the catalog as of its commit, so inserts committed before
+// the swap come as the old table's, those after it as the new one's (a
+// partition's as the partitioned table's: publish_via_partition_root),
+// each once, whether the slot streams across the swap or is created
+// while it runs. A revert's copy goes into the twin before it is
+// published, so the WAL source does not send those rows again.
 //
 // Names resolve again after DDL: producers' and relayers' prepared
 // statements and the SQL functions reach the new table by its name on
@@ -136,25 +139,6 @@ type MoveResult struct {
 // says why and what to do.
 var ErrMoveRefused = errors.New("migrate: the move cannot run")
 
-// refusePublished refuses to move an outbox that a publication holds (the
-// WAL source). The swap points the publication at the new table in its own
-// transaction, and a stream that decodes the changes from before the swap
-// only after it (a relay that starts, restarts or lags across it) was seen
-// to confirm later inserts without receiving them: events lost. The safe
-// way is to move the outbox to the polling relay, move it, and come back.
-func (m *Migrator) refusePublished(ctx context.Context, db outbox.DB) error {
-	var published bool
-	if err := db.QueryRow(ctx, sqltext.Render(publishedSQL, m.ids)).Scan(&published); err != nil {
-		return fmt.Errorf("migrate: read whether %s is published: %w", m.ids.Outbox, err)
-	}
-	if published {
-		return fmt.Errorf("%w: %s is in a publication (the WAL source relays it), and moving it while a slot decodes it can lose events; "+
-			"move it to the polling relay first ('outbox switch to-poll', then 'outbox relay --mode wal --teardown'), run this again, then come back ('outbox switch to-wal')",
-			ErrMoveRefused, m.ids.Outbox)
-	}
-	return nil
-}
-
 // ReadMove reads the record of the last move of m's outbox table; found
 // is false when none was ever begun.
 func (m *Migrator) ReadMove(ctx context.Context, db outbox.DB) (st MoveState, found bool, err error) {
@@ -220,9 +204,6 @@ func (m *Migrator) Convert(ctx context.Context, db outbox.DB, cfg MoveConfig) (M
 	}
 	cfg = cfg.withDefaults()
 	if err := m.Validate(ctx, db); err != nil {
-		return res, err
-	}
-	if err := m.refusePublished(ctx, db); err != nil {
 		return res, err
 	}
 	for range 16 {

@@ -16,8 +16,9 @@ import (
 // Revert moves m's partitioned outbox table back to the plain layout
 // while producers and relayers run, in one short transaction (see the
 // comment at the top of move.go): the pending rows are copied into a new
-// plain table under the outbox's name, unless the table is published
-// (the WAL source: the WAL holds them), and the partitioned table is kept
+// plain table under the outbox's name (the WAL source, which never marks
+// a row, does not send the copies: they are written before the new table
+// is published), and the partitioned table is kept
 // as <outbox>_retired, which cleanup drops after the retention
 // (DropRetired). On a plain table it does nothing. It refuses while a
 // partition's detach is unfinished (run cleanup first), while more than
@@ -36,9 +37,6 @@ func (m *Migrator) Revert(ctx context.Context, db outbox.DB, cfg MoveConfig) (Mo
 	if s.kind != "p" {
 		res.State = s.move
 		return res, nil
-	}
-	if err := m.refusePublished(ctx, db); err != nil {
-		return res, err
 	}
 	if s.moving && s.move.Retired != "" {
 		return res, fmt.Errorf("%w: an earlier revert's table %s is still there; cleanup drops it once the retention has passed, or drop it yourself (DROP TABLE %s), then run again",
@@ -72,17 +70,12 @@ func (m *Migrator) swapPlain(ctx context.Context, tx pgx.Tx, cfg MoveConfig) (in
 	if pendingDetach > 0 || detaching != nil {
 		return 0, fmt.Errorf("%w: retention left a partition half detached; run `outbox cleanup` to finish it, then run again", ErrMoveRefused)
 	}
-	// Checked again under the lock: a publication made since Revert's
-	// check would otherwise be moved by the swap.
-	if err := m.refusePublished(ctx, tx); err != nil {
-		return 0, err
-	}
 	var pending int64
 	if err := tx.QueryRow(ctx, sqltext.Render(pendingCountSQL, m.ids)).Scan(&pending); err != nil {
 		return 0, err
 	}
 	if pending > cfg.MaxCopy {
-		return 0, fmt.Errorf("%w: %d rows are pending, more than the %d a revert copies under its lock; let the relay drain the backlog (or raise --max-copy) and run again", ErrMoveRefused, pending, cfg.MaxCopy)
+		return 0, fmt.Errorf("%w: %d rows are pending, more than the %d a revert copies under its lock; let the relay drain the backlog (or raise --max-copy) and run again; an outbox relayed from the WAL keeps every row pending until cleanup deletes it past the retention (outbox cleanup)", ErrMoveRefused, pending, cfg.MaxCopy)
 	}
 	var pkey string
 	if err := tx.QueryRow(ctx, pkeyNameSQL, m.ids.Outbox).Scan(&pkey); err != nil {

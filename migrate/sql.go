@@ -502,10 +502,6 @@ BEGIN
 END
 $pub$`
 
-// publishedSQL tells whether the outbox table is in a publication (the
-// WAL source relays it).
-const publishedSQL = `SELECT EXISTS (SELECT FROM pg_catalog.pg_publication_rel WHERE prrelid = '{{outbox}}'::regclass)`
-
 // moveBlockersSQL reads what keeps a partitioned outbox from being
 // reverted: a partition whose concurrent detach is unfinished, and the
 // partition retention recorded as being detached.
@@ -536,7 +532,7 @@ var _ = sqltext.Register("migrate", map[string]string{
 	"createMoveSQL": createMoveSQL, "moveExistsSQL": moveExistsSQL, "readMoveSQL": readMoveSQL, "beginMoveSQL": beginMoveSQL,
 	"stepMoveSQL": stepMoveSQL, "retireSQL": retireSQL, "unretireSQL": unretireSQL, "boundStateSQL": boundStateSQL,
 	"validateBoundSQL": validateBoundSQL, "dropBoundSQL": dropBoundSQL, "pkeyNameSQL": pkeyNameSQL, "dropTriggersSQL": dropTriggersSQL,
-	"publishedSQL": publishedSQL, "moveBlockersSQL": moveBlockersSQL, "pendingCountSQL": pendingCountSQL,
+	"moveBlockersSQL": moveBlockersSQL, "pendingCountSQL": pendingCountSQL,
 })
 
 var _ = sqltext.RegisterTemplates("migrate", map[string]string{

@@ -80,12 +80,12 @@ var requiredCols = []string{"id", "aggregate_id", "type", "payload"}
 
 func newRelation(m *pglogrepl.RelationMessage, t outbox.Tables) (*relation, error) {
 	r := &relation{name: m.Namespace + "." + m.RelationName, cols: map[string]int{}}
-	// A partition of a partitioned outbox. pgoutput describes it beside
-	// the outbox even when it reports the partition's inserts as the
-	// outbox's (publish_via_partition_root); an insert reported as the
-	// partition's means a publication without it slipped past Setup, and
-	// skipping it would confirm the slot past an event.
-	r.partition = m.Namespace == t.Schema && strings.HasPrefix(m.RelationName, t.Outbox+"_p") && hasColumns(m, requiredCols)
+	// A partition of a partitioned outbox (partition.Name), by its name:
+	// pgoutput describes it beside the outbox even when it reports its
+	// inserts as the outbox's (publish_via_partition_root). Only the
+	// error for an insert reported as its own (foreignInsert) tells it
+	// apart: no insert but the outbox's is ever skipped.
+	r.partition = m.Namespace == t.Schema && isPartitionName(m.RelationName, t.Outbox)
 	if m.Namespace != t.Schema || m.RelationName != t.Outbox {
 		return r, nil
 	}
@@ -101,14 +101,17 @@ func newRelation(m *pglogrepl.RelationMessage, t outbox.Tables) (*relation, erro
 	return r, nil
 }
 
-// hasColumns reports whether the relation m has every column of cols.
-func hasColumns(m *pglogrepl.RelationMessage, cols []string) bool {
-	have := map[string]bool{}
-	for _, c := range m.Columns {
-		have[c.Name] = true
+// isPartitionName reports whether name is one partition.Name gives for
+// the outbox table: "<outbox>_p" and 19 digits. The move's twins
+// (<outbox>_partitioned, <outbox>_plain) and a revert's <outbox>_retired
+// are not.
+func isPartitionName(name, outboxTable string) bool {
+	digits, ok := strings.CutPrefix(name, outboxTable+"_p")
+	if !ok || len(digits) != 19 {
+		return false
 	}
-	for _, c := range cols {
-		if !have[c] {
+	for _, c := range digits {
+		if c < '0' || c > '9' {
 			return false
 		}
 	}
@@ -266,11 +269,8 @@ func (st *streamer) decode(xld pglogrepl.XLogData) error {
 		if !ok {
 			return fmt.Errorf("walrelay: insert into relation %d before its description", m.RelationID)
 		}
-		if rel.partition {
-			return fmt.Errorf("walrelay: the stream reports an insert into %s, a partition of %s, instead of into the table: its publication must have publish_via_partition_root = true (outbox relay --mode wal --teardown, then start the relay again)", rel.name, st.r.cfg.Tables.OutboxIdent())
-		}
 		if !rel.outbox {
-			return nil
+			return st.foreignInsert(rel)
 		}
 		it, err := rel.insertItem(m.Tuple, st.r.routing)
 		if err != nil {
@@ -281,6 +281,23 @@ func (st *streamer) decode(xld pglogrepl.XLogData) error {
 		st.decodeMessage(m)
 	}
 	return nil
+}
+
+// foreignInsert is the error for an insert the stream reports under a
+// relation that is not the outbox table. The relayer's publication holds
+// the outbox alone (its partitions' inserts reported as its own), so such
+// an insert means the publication is not what Setup made, and it may be
+// an event: skipping it would confirm the slot past it without a trace.
+// The stream stops before the transaction's commit is acknowledged, and
+// a restart reads it again.
+func (st *streamer) foreignInsert(rel *relation) error {
+	cfg := st.r.cfg
+	if rel.partition {
+		return fmt.Errorf("%w: the stream reports an insert into %s, a partition of %s, instead of into the table: its publication %s must have publish_via_partition_root = true; nothing from there on is acknowledged. Switch the outbox to the polling relay (outbox switch to-poll), drop the slot and the publication (outbox relay --mode wal --teardown), and come back (outbox switch to-wal)",
+			ErrNotThisOutbox, clip.Text(rel.name, 200), cfg.Tables.OutboxIdent(), cfg.Publication)
+	}
+	return fmt.Errorf("%w: the stream reports an insert into %s, which is not the outbox table %s: publication %s publishes another table (SELECT * FROM pg_publication_tables WHERE pubname = '%s'); nothing from there on is acknowledged. Give the outbox a publication of its own: switch it to the polling relay (outbox switch to-poll), drop the slot and the publication (outbox relay --mode wal --teardown), and come back (outbox switch to-wal)",
+		ErrNotThisOutbox, clip.Text(rel.name, 200), cfg.Tables.OutboxIdent(), cfg.Publication, cfg.Publication)
 }
 
 // decodeMessage applies a logical decoding message: an event (message

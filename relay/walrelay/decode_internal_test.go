@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgoutbox/outbox"
+	"github.com/pgoutbox/outbox/internal/partition"
 )
 
 // A message-mode event's time is its commit's: the writer's created_at is
@@ -18,4 +19,14 @@ func TestMessageEventTimeIsTheCommits(t *testing.T) {
 	require.NoError(t, it.err)
 	require.Equal(t, int64(7), it.msg.ID)
 	require.Equal(t, committed, it.msg.CreatedAt)
+}
+
+// Only partition.Name's names are the outbox's partitions: the move's
+// twins and a revert's retired table are not, whatever their prefix.
+func TestPartitionNames(t *testing.T) {
+	require.True(t, isPartitionName(partition.Name("events_outbox", 0), "events_outbox"))
+	require.True(t, isPartitionName(partition.Name("events_outbox", 300000), "events_outbox"))
+	for _, name := range []string{"events_outbox", "events_outbox_partitioned", "events_outbox_plain", "events_outbox_retired", "events_outbox_p12", "other_p0000000000000000000"} {
+		require.False(t, isPartitionName(name, "events_outbox"), name)
+	}
 }

@@ -199,6 +199,14 @@ func Setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication
 		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // duplicate_object: a concurrent Setup
 			return fmt.Errorf("walrelay: create publication %s for %s: %w", publication, t.OutboxIdent(), err)
 		}
+		// Read again: a move of the outbox (outbox partitions convert or
+		// revert) that swapped the table since the first read left the
+		// publication on the table now under the outbox's name (CREATE
+		// PUBLICATION waits for the swap's lock, then looks the name up
+		// again), or carried it to the new table itself.
+		if partitioned, err = isPartitioned(ctx, db, t); err != nil {
+			return err
+		}
 	}
 	if err := publishViaRoot(ctx, db, t, slot, publication, partitioned); err != nil {
 		return err
