@@ -209,10 +209,10 @@ type Relayer struct {
 	// pendingSQL is the idle poll's probe (pause).
 	pendingSQL string
 	// lanes are the exactly-once relayer's statements (lanes.go).
-	lanes laneStatements
-	obs   *Observer
-	routing    outbox.Routing // the Sink's, for TopicPrefix
-	wake       chan struct{}
+	lanes   laneStatements
+	obs     *Observer
+	routing outbox.Routing // the Sink's, for TopicPrefix
+	wake    chan struct{}
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
 }

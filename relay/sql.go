@@ -344,6 +344,6 @@ var _ = sqltext.Register("relay", map[string]string{
 	"claimLanesSQL": claimLanesSQL, "claimBinaryLanesSQL": claimBinaryLanesSQL,
 	"claimPartitionedLanesSQL": claimPartitionedLanesSQL, "claimBinaryPartitionedLanesSQL": claimBinaryPartitionedLanesSQL,
 	"laneTimeoutSQL": laneTimeoutSQL,
-	"laneRenewSQL":    laneRenewSQL, "laneReserveSQL": laneReserveSQL, "laneTakeSQL": laneTakeSQL, "laneCreateSQL": laneCreateSQL,
+	"laneRenewSQL":   laneRenewSQL, "laneReserveSQL": laneReserveSQL, "laneTakeSQL": laneTakeSQL, "laneCreateSQL": laneCreateSQL,
 	"laneLockSQL": laneLockSQL, "laneReleaseSQL": laneReleaseSQL, "laneReturnSQL": laneReturnSQL,
 })
