@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,7 +89,7 @@ func (r *Relayer) runLanes(ctx, batchCtx context.Context) error {
 	for ctx.Err() == nil {
 		if time.Since(adopted) >= r.cfg.LaneLease {
 			adopted = time.Now()
-			r.adoptOrphans(batchCtx, ts)
+			r.adoptOrphans(batchCtx, ts, cmp.Or(ln, prev))
 		}
 		if ln == nil {
 			if ln, err = r.takeLane(batchCtx, ts, prev, false); err != nil {
@@ -288,9 +289,9 @@ const maxAdoptions = 4
 // reservation in flight (its lease expired), fences the holder, settles
 // the reservation and releases the lane: until then the reservation's
 // aggregates wait.
-func (r *Relayer) adoptOrphans(ctx context.Context, ts TransactionalSink) {
+func (r *Relayer) adoptOrphans(ctx context.Context, ts TransactionalSink, own *lane) {
 	for range maxAdoptions {
-		ln, err := r.takeLane(ctx, ts, nil, true)
+		ln, err := r.takeLane(ctx, ts, own, true)
 		if err != nil {
 			r.log.Warn("relay could not adopt an orphan lane; it tries again in a lease", "err", err)
 			return

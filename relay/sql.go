@@ -308,12 +308,13 @@ RETURNING seq`
 // it still holds it at epoch $4, else the lowest lane whose lease expired,
 // with an epoch one up and a lease of $2 microseconds; a lane another
 // session is taking is skipped. With $5 (adopting an orphan) only a lane
-// left with a reservation is taken. Reads the lanes table whole (a
+// left with a reservation is taken, never $3 (the adopter's own: its
+// reservation is its own to settle). Reads the lanes table whole (a
 // handful of rows).
 const laneTakeSQL = `UPDATE {{lanes}} l SET epoch = l.epoch + 1, owner = $1, lease_until = now() + $2::bigint * interval '1 microsecond'
 WHERE l.lane = (
   SELECT lane FROM {{lanes}}
-  WHERE ((lane = $3 AND epoch = $4) OR lease_until < now()) AND (ids IS NOT NULL OR NOT $5::boolean)
+  WHERE ((lane = $3 AND epoch = $4) OR lease_until < now()) AND (ids IS NOT NULL OR NOT $5::boolean) AND NOT ($5::boolean AND lane = $3)
   ORDER BY lane = $3 DESC, lane
   LIMIT 1
   FOR UPDATE SKIP LOCKED)
