@@ -53,7 +53,7 @@ var noOutboxSeqScan = map[string]bool{
 	"relay.claimPartitionedSQL": true, "relay.claimBinaryPartitionedSQL": true, "ops.partitionRowsSQL": true,
 	"relay.claimLanesSQL": true, "relay.claimBinaryLanesSQL": true, "relay.claimPartitionedLanesSQL": true, "relay.claimBinaryPartitionedLanesSQL": true,
 	"relay.laneReturnSQL": true,
-	"ops.lagSQL": true, "ops.heldSQL": true, "ops.stuckSQL": true, "ops.rateSQL": true,
+	"ops.lagSQL":          true, "ops.heldSQL": true, "ops.stuckSQL": true, "ops.rateSQL": true,
 	"ops.idProbeSQL": true, "ops.idRangeSQL": true,
 	"ops.outboxCleanupSQL": true, "ops.pruneFailuresSQL": true,
 	"ops.showSQL": true, "ops.lockPendingSQL": true, "ops.lockPendingForUpdateSQL": true,
