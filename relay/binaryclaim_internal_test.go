@@ -20,3 +20,19 @@ func TestBinaryClaimRewrite(t *testing.T) {
 	require.Contains(t, claimBinarySQL, "RETURNING id, aggregate_id, type, payload, headers, payload_bytes, content_type,")
 	require.Contains(t, claimBinarySQL, "c.locked, m.payload_bytes, m.content_type\nFROM")
 }
+
+// Every fragment lanesClaim rewrites is in each claim it rewrites, and the
+// rewrite reads the lanes table once, in held: a change to the claim that
+// drops the fragment fails here, not as an aggregate overtaken in Kafka.
+func TestLanesClaimRewrite(t *testing.T) {
+	t.Parallel()
+	for _, sql := range []string{claimSQL, claimBinarySQL, claimPartitionedSQL, claimBinaryPartitionedSQL} {
+		for _, r := range lanesClaimRewrites {
+			require.Contains(t, sql, r[0])
+		}
+	}
+	for _, sql := range []string{claimLanesSQL, claimBinaryLanesSQL, claimPartitionedLanesSQL, claimBinaryPartitionedLanesSQL} {
+		require.Equal(t, 1, strings.Count(sql, "{{lanes}}"))
+		require.Contains(t, sql, "WHERE l.lane <> $4::integer")
+	}
+}

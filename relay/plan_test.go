@@ -57,11 +57,17 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 		// noStats: the table was never analyzed (autovacuum off or not yet
 		// run): Postgres guesses 0.5% of rows pending.
 		noStats bool
+		// lanes: the exactly-once claim, with another lane's reservation
+		// open (on aggregates the backlog does not have).
+		lanes bool
 	}{
 		{name: "spread", dispatched: 100_000, pending: 1_000, aggregates: 100, batch: 1_000},
 		{name: "hot", dispatched: 100_000, pending: 1_000, aggregates: 1, batch: 1_000},
 		{name: "stale statistics", dispatched: 100_000, pending: 1_000, aggregates: 100, batch: 1_000, stale: true},
 		{name: "no statistics", pending: 200_000, aggregates: 1_000, batch: relay.DefaultBatchSize, noStats: true},
+		{name: "lanes spread", dispatched: 100_000, pending: 1_000, aggregates: 100, batch: 1_000, lanes: true},
+		{name: "lanes hot", dispatched: 100_000, pending: 1_000, aggregates: 1, batch: 1_000, lanes: true},
+		{name: "lanes stale statistics", dispatched: 100_000, pending: 1_000, aggregates: 100, batch: 1_000, stale: true, lanes: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -89,7 +95,14 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 			conn, err := db.Pool.Acquire(ctx)
 			require.NoError(t, err)
 			defer conn.Release()
-			_, err = conn.Exec(ctx, "PREPARE claim_plan(int, bigint[], bigint) AS "+relay.ClaimSQL(db.Tables))
+			prepare, lane := "PREPARE claim_plan(int, bigint[], bigint) AS "+relay.ClaimSQL(db.Tables), ""
+			if tc.lanes {
+				_, err = db.Pool.Exec(ctx, `INSERT INTO `+relay.LanesIdent(db.Tables)+` (lane, owner, epoch, lease_until, seq, ids, aggs)
+					VALUES (2, 'other', 1, now() + interval '1 hour', 1, '{1,2,3}', ARRAY[gen_random_uuid(), gen_random_uuid()])`)
+				require.NoError(t, err)
+				prepare, lane = "PREPARE claim_plan(int, bigint[], bigint, int) AS "+relay.ClaimLanesSQL(db.Tables), ", 1"
+			}
+			_, err = conn.Exec(ctx, prepare)
 			require.NoError(t, err)
 			defer conn.Exec(ctx, "DEALLOCATE claim_plan") //nolint:errcheck // the connection goes away with the pool
 
@@ -103,7 +116,7 @@ func TestClaimPlanUsesPendingIndex(t *testing.T) {
 				require.NoError(t, err)
 				defer conn.Exec(ctx, "ROLLBACK") //nolint:errcheck // always rolled back
 				var raw []byte
-				require.NoError(t, conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan(%d, '{}', %d)", tc.batch, relay.DefaultMaxBatchBytes)).Scan(&raw))
+				require.NoError(t, conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan(%d, '{}', %d%s)", tc.batch, relay.DefaultMaxBatchBytes, lane)).Scan(&raw))
 				require.NoError(t, json.Unmarshal(raw, &out))
 			}()
 			require.Len(t, out, 1)

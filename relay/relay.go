@@ -41,6 +41,7 @@ const (
 	DefaultBusyPollInterval = 2 * time.Millisecond
 	DefaultHoldOut          = time.Minute
 	DefaultMaxHoldOut       = 30 * time.Minute
+	DefaultLaneLease        = 10 * time.Second
 )
 
 // Config configures a Relayer: the fields every source shares (Common;
@@ -92,6 +93,14 @@ type Config struct {
 	// Ignored with PollOnly. Defaults to nil: the relayer opens a LISTEN
 	// connection of its own.
 	Listener *Listener
+	// LaneLease is how long a relayer with Common.ExactlyOnce holds its
+	// lane without renewing it (it renews it with every claim, and at
+	// least every third of it when idle). A relayer that dies or stalls
+	// with a batch in flight blocks that batch's aggregates for about this
+	// long, until another relayer adopts its lane; a relayer paused for
+	// longer loses its lane and steps down. Defaults to DefaultLaneLease
+	// (10s).
+	LaneLease time.Duration
 }
 
 // BatchResult describes one claim-publish-mark cycle. For the WAL source
@@ -199,9 +208,11 @@ type Relayer struct {
 	holdSQL   string
 	// pendingSQL is the idle poll's probe (pause).
 	pendingSQL string
-	obs        *Observer
-	routing    outbox.Routing // the Sink's, for TopicPrefix
-	wake       chan struct{}
+	// lanes are the exactly-once relayer's statements (lanes.go).
+	lanes   laneStatements
+	obs     *Observer
+	routing outbox.Routing // the Sink's, for TopicPrefix
+	wake    chan struct{}
 
 	batches, claimed, dispatched, permanent, transient, failedBatches atomic.Int64
 }
@@ -225,6 +236,7 @@ func (cfg Config) WithDefaults() Config {
 		{&cfg.PollInterval, DefaultPollInterval},
 		{&cfg.HoldOut, DefaultHoldOut},
 		{&cfg.MaxHoldOut, DefaultMaxHoldOut},
+		{&cfg.LaneLease, DefaultLaneLease},
 	} {
 		if *f.d == 0 {
 			*f.d = f.def
@@ -241,7 +253,7 @@ func (cfg Config) Validate() error {
 	}
 	cfg = cfg.WithDefaults()
 	if err := positiveDurations(map[string]time.Duration{
-		"PollInterval": cfg.PollInterval, "HoldOut": cfg.HoldOut, "MaxHoldOut": cfg.MaxHoldOut,
+		"PollInterval": cfg.PollInterval, "HoldOut": cfg.HoldOut, "MaxHoldOut": cfg.MaxHoldOut, "LaneLease": cfg.LaneLease,
 	}); err != nil {
 		return err
 	}
@@ -278,6 +290,7 @@ func New(cfg Config) (*Relayer, error) {
 		unmarkSQL:  render(unmarkSQL, cfg.Tables),
 		holdSQL:    render(holdSQL, cfg.Tables),
 		pendingSQL: render(pendingSQL, cfg.Tables),
+		lanes:      renderLanes(cfg.Tables, claimLanesSQL),
 		wake:       make(chan struct{}, 1),
 	}, nil
 }
@@ -317,6 +330,9 @@ func (r *Relayer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer r.listen(ctx, &wg)()
+	if r.cfg.ExactlyOnce {
+		return r.runLanes(ctx, batchCtx)
+	}
 
 	r.log.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval, "busy_poll_interval", r.cfg.BusyPollInterval, "poll_only", r.cfg.PollOnly)
 	defer r.log.Info("relay stopped")
@@ -453,6 +469,7 @@ func (r *Relayer) detectLayout(ctx context.Context) error {
 		{false, true}: claimPartitionedSQL, {true, true}: claimBinaryPartitionedSQL,
 	}[[2]bool{r.binary, partitioned}]
 	r.claimSQL = render(claim, r.cfg.Tables)
+	r.lanes.claim = render(lanesClaim(claim), r.cfg.Tables)
 	if partitioned {
 		r.begin = claimBeginPartitionedStatements
 	}
@@ -753,17 +770,22 @@ func (r *Relayer) finish(ctx context.Context, c *claimed, mayHold bool) (BatchRe
 		return res, fmt.Errorf("commit after publishing %d rows (they will be sent again): %w", res.Dispatched, err)
 	}
 	res.Holds = holds
+	r.logHolds(holds)
+	r.report(c, res)
+	if firstTransient != nil {
+		return res, fmt.Errorf("publish: %d of %d rows not acknowledged: %w", res.Transient, len(msgs), firstTransient)
+	}
+	return res, nil
+}
+
+// logHolds logs each hold a batch recorded, with what an operator can do.
+func (r *Relayer) logHolds(holds []Hold) {
 	for _, h := range holds {
 		r.log.Error("event held: it cannot be published, so its aggregate waits behind it",
 			"event_id", h.EventID, "aggregate_id", h.AggregateID, "type", clip.Text(h.Type, 200), "reason", h.Reason, "err", h.Err,
 			"attempt", h.Attempts, "held_until", h.Until.Format(time.RFC3339),
 			"retry_now", fmt.Sprintf("outbox events retry %d --yes", h.EventID), "park", fmt.Sprintf("outbox events park %d --reason ... --yes", h.EventID))
 	}
-	r.report(c, res)
-	if firstTransient != nil {
-		return res, fmt.Errorf("publish: %d of %d rows not acknowledged: %w", res.Transient, len(msgs), firstTransient)
-	}
-	return res, nil
 }
 
 // commit commits a batch finish left uncommitted and reports it.
@@ -792,10 +814,26 @@ func (r *Relayer) report(c *claimed, res BatchResult) {
 // (c.refused), and the rows of its aggregate after it are not sent either,
 // so nothing overtakes it.
 func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
+	errs, send, sendIdx := r.presend(c)
+	if len(send) == 0 {
+		return errs, nil
+	}
+	perr, err := r.obs.Publish(ctx, send)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range sendIdx {
+		errs[i] = perr[j]
+	}
+	return errs, nil
+}
+
+// presend says, per row of c, why it cannot be sent (errs: refused, or
+// deferred behind a refused row of its aggregate), and returns the rows
+// that can be, with their indexes in c.msgs.
+func (r *Relayer) presend(c *claimed) (errs []error, send []Message, sendIdx []int) {
 	msgs := c.msgs
-	// First why a row cannot be sent at all; then, in the same slice, what
-	// the sink made of the rows that could.
-	errs := make([]error, len(msgs))
+	errs = make([]error, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
 		err := c.bad[m.ID]
@@ -807,8 +845,8 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 	}
 	CheckContracts(r.cfg.Contracts, msgs, errs)
 	var blocked map[uuid.UUID]bool
-	send := make([]Message, 0, len(msgs))
-	sendIdx := make([]int, 0, len(msgs))
+	send = make([]Message, 0, len(msgs))
+	sendIdx = make([]int, 0, len(msgs))
 	for i := range msgs {
 		m := &msgs[i]
 		if blocked[m.AggregateID] {
@@ -829,17 +867,7 @@ func (r *Relayer) publish(ctx context.Context, c *claimed) ([]error, error) {
 		send = append(send, *m)
 		sendIdx = append(sendIdx, i)
 	}
-	if len(send) == 0 {
-		return errs, nil
-	}
-	perr, err := r.obs.Publish(ctx, send)
-	if err != nil {
-		return nil, err
-	}
-	for j, i := range sendIdx {
-		errs[i] = perr[j]
-	}
-	return errs, nil
+	return errs, send, sendIdx
 }
 
 // settle applies the publish results to res and says which rows go back to
@@ -888,7 +916,9 @@ func (r *Relayer) settle(msgs []Message, errs []error, ackedAt time.Time, res *B
 // recordHolds writes holds into the failures table within the batch's
 // transaction and returns them with their attempt counts and hold ends,
 // less those another relayer had just recorded (holdSQL).
-func (r *Relayer) recordHolds(ctx context.Context, tx *claimTx, holds []Hold) ([]Hold, error) {
+func (r *Relayer) recordHolds(ctx context.Context, tx interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, holds []Hold) ([]Hold, error) {
 	ids := make([]int64, len(holds))
 	aggs := make([]uuid.UUID, len(holds))
 	types := make([]string, len(holds))

@@ -250,3 +250,101 @@ func render(sql string, tables outbox.Tables) string {
 	tables = tables.WithDefaults()
 	return sqltext.Render(sql, sqltext.For(tables.Schema, tables.Outbox, tables.Processed))
 }
+
+// The exactly-once claim (Common.ExactlyOnce) is claimSQL (or a variant)
+// whose held aggregates also take those of every other lane's open
+// reservation ({{lanes}}, migration 8): their rows are marked dispatched
+// but their broker transaction is in flight, so a later event of such an
+// aggregate must wait until the reservation is settled, or it could reach
+// the broker first, or stay there after the reservation went back to
+// pending. $4 is the claiming lane, which has no open reservation of its
+// own when it claims (one batch in flight per lane). The lanes table is a
+// handful of rows, read whole.
+var (
+	claimLanesSQL                  = lanesClaim(claimSQL)
+	claimBinaryLanesSQL            = lanesClaim(claimBinarySQL)
+	claimPartitionedLanesSQL       = lanesClaim(claimPartitionedSQL)
+	claimBinaryPartitionedLanesSQL = lanesClaim(claimBinaryPartitionedSQL)
+)
+
+// lanesClaim rewrites a claim for the exactly-once relayer. Each fragment
+// must be found (TestLanesClaimRewrite).
+func lanesClaim(sql string) string {
+	for _, r := range lanesClaimRewrites {
+		sql = strings.ReplaceAll(sql, r[0], r[1])
+	}
+	return sql
+}
+
+var lanesClaimRewrites = [][2]string{
+	{"SELECT coalesce(array_agg(DISTINCT f.aggregate_id), '{}') AS aggs FROM {{failures}} f",
+		"SELECT coalesce(array_agg(DISTINCT f.aggregate_id), '{}') || (\n    SELECT coalesce(array_agg(a), '{}') FROM {{lanes}} l, unnest(l.aggs) a WHERE l.lane <> $4::integer\n  ) AS aggs FROM {{failures}} f"},
+}
+
+// laneTimeoutSQL is what the exactly-once relayer adds to a claim's
+// BEGIN: a relayer paused (SIGSTOP) or cut off inside its claim's
+// transaction holds its lane's row and its claimed rows locked; the server
+// ends that session once it has been idle in it for $1 (the lane's
+// lease, in milliseconds), so the others can adopt the lane.
+const laneTimeoutSQL = "SELECT set_config('idle_in_transaction_session_timeout', $1, true)"
+
+// laneRenewSQL, first in each exactly-once claim's transaction (and alone
+// on idle), checks that this relayer still holds its lane (the epoch it
+// took it at), extends its lease by $3 microseconds and clears the lane's
+// reservation, whose batch is settled by then. It locks the lane's row to
+// the transaction's end, so no one adopts the lane meanwhile. No row: the
+// lane was taken over; the relayer steps down. Served by the primary key.
+const laneRenewSQL = `UPDATE {{lanes}} SET lease_until = now() + $3::bigint * interval '1 microsecond', ids = NULL, aggs = NULL
+WHERE lane = $1 AND epoch = $2
+RETURNING seq`
+
+// laneReserveSQL records the batch just claimed as the lane's reservation,
+// seq one up, in the claim's transaction. Served by the primary key.
+const laneReserveSQL = `UPDATE {{lanes}} SET seq = seq + 1, ids = $3::bigint[], aggs = $4::uuid[]
+WHERE lane = $1 AND epoch = $2
+RETURNING seq`
+
+// laneTakeSQL takes a lane for a relayer ($1 owner): its own lane $3 if
+// it still holds it at epoch $4, else the lowest lane whose lease expired,
+// with an epoch one up and a lease of $2 microseconds; a lane another
+// session is taking is skipped. With $5 (adopting an orphan) only a lane
+// left with a reservation is taken, never $3 (the adopter's own: its
+// reservation is its own to settle). Reads the lanes table whole (a
+// handful of rows).
+const laneTakeSQL = `UPDATE {{lanes}} l SET epoch = l.epoch + 1, owner = $1, lease_until = now() + $2::bigint * interval '1 microsecond'
+WHERE l.lane = (
+  SELECT lane FROM {{lanes}}
+  WHERE ((lane = $3 AND epoch = $4) OR lease_until < now()) AND (ids IS NOT NULL OR NOT $5::boolean) AND NOT ($5::boolean AND lane = $3)
+  ORDER BY lane = $3 DESC, lane
+  LIMIT 1
+  FOR UPDATE SKIP LOCKED)
+RETURNING l.lane, l.epoch`
+
+// laneCreateSQL adds a lane after the highest one, for a relayer that
+// found none free; two relayers adding at once collide on the primary key
+// and the loser tries again.
+const laneCreateSQL = `INSERT INTO {{lanes}} (lane, owner, epoch, lease_until)
+SELECT coalesce(max(lane), 0) + 1, $1, 1, now() + $2::bigint * interval '1 microsecond' FROM {{lanes}}
+ON CONFLICT (lane) DO NOTHING
+RETURNING lane, epoch`
+
+// laneLockSQL reads a lane's reservation for recovery, locking the row:
+// the lane's holder at epoch $2 decides its fate. Served by the primary
+// key.
+const laneLockSQL = `SELECT seq, coalesce(ids, '{}') FROM {{lanes}} WHERE lane = $1 AND epoch = $2 FOR UPDATE`
+
+// laneReleaseSQL ends a lane's lease at once, for the next relayer that
+// needs a lane. Served by the primary key.
+const laneReleaseSQL = `UPDATE {{lanes}} SET lease_until = now() WHERE lane = $1 AND epoch = $2`
+
+// laneReturnSQL returns a reservation's rows that did not reach the
+// broker to pending; served by the primary key.
+const laneReturnSQL = `UPDATE {{outbox}} SET dispatched_at = NULL WHERE id = ANY($1::bigint[]) AND dispatched_at IS NOT NULL`
+
+var _ = sqltext.Register("relay", map[string]string{
+	"claimLanesSQL": claimLanesSQL, "claimBinaryLanesSQL": claimBinaryLanesSQL,
+	"claimPartitionedLanesSQL": claimPartitionedLanesSQL, "claimBinaryPartitionedLanesSQL": claimBinaryPartitionedLanesSQL,
+	"laneTimeoutSQL": laneTimeoutSQL,
+	"laneRenewSQL":   laneRenewSQL, "laneReserveSQL": laneReserveSQL, "laneTakeSQL": laneTakeSQL, "laneCreateSQL": laneCreateSQL,
+	"laneLockSQL": laneLockSQL, "laneReleaseSQL": laneReleaseSQL, "laneReturnSQL": laneReturnSQL,
+})

@@ -51,7 +51,9 @@ func TestEveryStatementRenders(t *testing.T) {
 var noOutboxSeqScan = map[string]bool{
 	"relay.claimSQL": true, "relay.claimBinarySQL": true, "relay.unmarkSQL": true, "relay.pendingSQL": true, "migrate.binaryRowsSQL": true,
 	"relay.claimPartitionedSQL": true, "relay.claimBinaryPartitionedSQL": true, "ops.partitionRowsSQL": true,
-	"ops.lagSQL": true, "ops.heldSQL": true, "ops.stuckSQL": true, "ops.rateSQL": true,
+	"relay.claimLanesSQL": true, "relay.claimBinaryLanesSQL": true, "relay.claimPartitionedLanesSQL": true, "relay.claimBinaryPartitionedLanesSQL": true,
+	"relay.laneReturnSQL": true,
+	"ops.lagSQL":          true, "ops.heldSQL": true, "ops.stuckSQL": true, "ops.rateSQL": true,
 	"ops.idProbeSQL": true, "ops.idRangeSQL": true,
 	"ops.outboxCleanupSQL": true, "ops.pruneFailuresSQL": true,
 	"ops.showSQL": true, "ops.lockPendingSQL": true, "ops.lockPendingForUpdateSQL": true,
@@ -138,7 +140,7 @@ func planStatements(t *testing.T, partitioned bool) {
 	// A partition ahead of the sequence holds no row: scanning it whole
 	// costs nothing, and the planner does.
 	empty := emptyPartitions(ctx, t, db, tables)
-	tableNames := map[string]bool{tables.Outbox: true, tables.Processed: true, tables.Outbox + "_failures": true, tables.Outbox + "_parked": true, tables.Outbox + "_migrations": true, tables.Outbox + "_partitioning": true, tables.Outbox + "_id_seq": true}
+	tableNames := map[string]bool{tables.Outbox: true, tables.Processed: true, tables.Outbox + "_failures": true, tables.Outbox + "_parked": true, tables.Outbox + "_migrations": true, tables.Outbox + "_partitioning": true, tables.Outbox + "_id_seq": true, tables.Outbox + "_lanes": true}
 	explained := 0
 	for _, st := range sqltext.Registered() {
 		sql := sqltext.Render(st.SQL, ids)

@@ -73,6 +73,10 @@ type Idents struct {
 	// and the partitioned layouts (migrate.Migrator.Convert, Revert):
 	// where it stands, and the table a revert retired.
 	LayoutMove string // {{layout_move}}: <outbox>_layout_move
+	// Lanes are the polling relay's exactly-once lanes (migration 8): one
+	// row per lane, its lease, and the batch reserved for the broker
+	// transaction in flight.
+	Lanes string // {{lanes}}: <outbox>_lanes
 }
 
 // For derives every identifier of one outbox from its schema, outbox table
@@ -107,6 +111,7 @@ func For(schema, outbox, processed string) Idents {
 		PayloadJSONOnly:    pgident.Quote(trim(outbox + "_payload_json_only")),
 		Partitioning:       q(outbox + "_partitioning"),
 		LayoutMove:         q(outbox + "_layout_move"),
+		Lanes:              q(outbox + "_lanes"),
 	}
 }
 
@@ -167,6 +172,8 @@ func (ids Idents) lookup(name string) string {
 		return ids.Partitioning
 	case "layout_move":
 		return ids.LayoutMove
+	case "lanes":
+		return ids.Lanes
 	}
 	return ""
 }
@@ -190,7 +197,7 @@ func Render(stmt string, ids Idents) string {
 		name := stmt[i+2 : i+j]
 		v := ids.lookup(name)
 		if v == "" {
-			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only, partitioning, layout_move)", name))
+			panic(fmt.Sprintf("sqltext: no identifier for placeholder {{%s}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only, partitioning, layout_move, lanes)", name))
 		}
 		b.WriteString(stmt[:i])
 		b.WriteString(v)

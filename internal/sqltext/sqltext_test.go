@@ -21,7 +21,7 @@ func TestRenderFillsEveryPlaceholder(t *testing.T) {
 func TestRenderPanicsOnWhatItCannotFill(t *testing.T) {
 	t.Parallel()
 	ids := sqltext.For("public", "events_outbox", "processed_events")
-	require.PanicsWithValue(t, "sqltext: no identifier for placeholder {{table}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only, partitioning, layout_move)",
+	require.PanicsWithValue(t, "sqltext: no identifier for placeholder {{table}} (known: schema, outbox, processed, failures, parked, migrations, pending_idx, aggregate_idx, processed_at_idx, emit_fn, emit_lock_ns, channel, guard_fn, guard_trigger, id_seq, id_drawn_fn, emit_message_fn, message_prefix, emit_bytes_fn, payload_check, parked_payload_check, payload_json_only, partitioning, layout_move, lanes)",
 		func() { sqltext.Render(`SELECT 1 FROM {{table}}`, ids) })
 	require.Panics(t, func() { sqltext.Render(`SELECT 1 FROM {{outbox`, ids) }, "unclosed")
 	require.Panics(t, func() { sqltext.Render(`SELECT 1 FROM {{outbox}}`, sqltext.Idents{}) }, "zero Idents")
