@@ -140,6 +140,7 @@ func (o *relayOptions) register(f *pflag.FlagSet, g *globals) {
 	f.BoolVar(&o.common.ExactlyOnce, "exactly-once", false, "publish each batch to Kafka in one transaction with the relay's progress, so that a read_committed consumer sees every event once through any crash (docs/exactly-once.md)")
 	f.StringVar(&o.common.TransactionalID, "transactional-id", "", "with --exactly-once: the prefix of the relay's Kafka transactional ids, the same for every replica of this outbox and unique per outbox on the cluster (default: outbox/<schema>.<table>)")
 	f.StringVar(&o.tx.ProgressTopic, "progress-topic", kafkapub.DefaultProgressTopic, "with --exactly-once: the compacted topic where each transaction records the relay's progress (created when missing)")
+	durationVar(f, &o.cfg.LaneLease, "lane-lease", relay.DefaultLaneLease, "with --exactly-once and --mode poll: how long a relayer's lane lasts without renewal; a relayer that dies or pauses with a batch in flight holds that batch's aggregates back this long (up to about twice) before another relayer adopts its lane")
 	durationVar(f, &o.tx.TransactionTimeout, "transaction-timeout", kafkapub.DefaultTransactionTimeout, "with --exactly-once: how long the broker lets a transaction stay open before it aborts it (bounds how long a relay that died mid-batch holds back read_committed consumers)")
 	o.contracts.register(f, "each event of a type with a contract is checked before it is sent, and one that breaks it is held (reason contract; --mode wal: parked) until fixed and retried (docs/contracts.md)")
 	o.ce.register(f)

@@ -11,12 +11,18 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/outbox/devkafka"
 	"github.com/pgoutbox/outbox/internal/pgtest"
 	"github.com/pgoutbox/outbox/internal/sqltext"
 	"github.com/pgoutbox/outbox/internal/tmppg"
 )
+
+// eosArgs turn exactly-once on, with a lease short enough that a killed
+// relayer's batch is adopted within seconds.
+var eosArgs = []string{"--exactly-once", "--lane-lease", "3s"}
 
 // lanesIdent is the polling relay's lanes table of db's outbox.
 func lanesIdent(db *pgtest.DB) string {
@@ -56,15 +62,18 @@ func killRun(t *testing.T, exactly bool) (map[uuid.UUID][]int64, *devkafka.Broke
 	t.Cleanup(b.Close)
 	var extra []string
 	if exactly {
-		extra = []string{"--exactly-once"}
+		extra = eosArgs
 	}
 	began := time.Now()
 	done := make(chan map[uuid.UUID][]int64, 1)
-	go func() { done <- writers(t, ctx, db, 30_000, 300, 4, 50, 3*time.Second) }()
+	// Spread over 10 s, so that the kills land while batches are in flight.
+	go func() { done <- writers(t, ctx, db, 30_000, 300, 4, 50, 10*time.Second) }()
 	procs := []*proc{start(t, relayArgs(db, b.Addr(), extra...)...), start(t, relayArgs(db, b.Addr(), extra...)...)}
+	produced := produceSignal(b)
 	for range 10 {
 		time.Sleep(time.Duration(150+rand.IntN(600)) * time.Millisecond)
 		i := rand.IntN(2)
+		killSoonAfterAProduce(produced)
 		procs[i].signal(t, syscall.SIGKILL)
 		procs[i].wait(t, 10*time.Second)
 		procs[i] = start(t, relayArgs(db, b.Addr(), extra...)...)
@@ -126,7 +135,7 @@ func TestExactlyOncePostgresKilledThreeTimes(t *testing.T) {
 	b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
-	procs := []*proc{start(t, relayArgs(db, b.Addr(), "--exactly-once")...), start(t, relayArgs(db, b.Addr(), "--exactly-once")...)}
+	procs := []*proc{start(t, relayArgs(db, b.Addr(), eosArgs...)...), start(t, relayArgs(db, b.Addr(), eosArgs...)...)}
 
 	committed := map[uuid.UUID][]int64{}
 	for range 3 {
@@ -166,8 +175,8 @@ func TestExactlyOnceFencedZombie(t *testing.T) {
 	b, err := devkafka.Start(devkafka.Config{Partitions: 6})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
-	zombie := start(t, relayArgs(db, b.Addr(), "--exactly-once")...)
-	other := start(t, relayArgs(db, b.Addr(), "--exactly-once")...)
+	zombie := start(t, relayArgs(db, b.Addr(), eosArgs...)...)
+	other := start(t, relayArgs(db, b.Addr(), eosArgs...)...)
 	committed := writers(t, ctx, db, 3_000, 100, 2, 50, time.Second)
 	done := make(chan map[uuid.UUID][]int64, 1)
 	go func() { done <- writers(t, ctx, db, 12_000, 100, 2, 50, 20*time.Second) }()
@@ -206,5 +215,35 @@ func TestExactlyOnceFencedZombie(t *testing.T) {
 		got := read(t, b.Addr(), "order", 15_000, 120*time.Second)
 		lost, dups := exactlyOnce(t, committed, got)
 		t.Logf("fenced zombie, read by %s: %d records, %d lost, %d duplicates", name, len(got), lost, dups)
+	}
+}
+
+// produceSignal returns a channel that receives (without blocking the
+// broker) each time a produce request of the outbox's topic reaches b.
+func produceSignal(b *devkafka.Broker) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	b.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: "order", Count: -1, When: func(kmsg.Request) bool {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+		return false // observe only
+	}})
+	return ch
+}
+
+// killSoonAfterAProduce waits (up to 2 s) for the next produce request to
+// reach the broker, then 0-3 ms more: a kill then lands, often, after the
+// broker acknowledged a batch and before the relayer recorded it, where
+// at-least-once sends the batch again.
+func killSoonAfterAProduce(produced <-chan struct{}) {
+	select {
+	case <-produced: // drop a stale signal
+	default:
+	}
+	select {
+	case <-produced:
+		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+	case <-time.After(2 * time.Second):
 	}
 }

@@ -306,9 +306,15 @@ func laneErr(err error) error {
 
 // readProgress returns the value of the last committed record keyed id on
 // the progress topic, or nil when there is none. It reads the key's
-// partition backwards from its last stable offset, in windows growing
+// partition backwards from its high watermark, in windows growing
 // eightfold, with read_committed isolation: what an aborted or fenced
-// transaction wrote never counts.
+// transaction wrote never counts. Not from the last stable offset: other
+// lanes share the partition, and one of their transactions still open
+// holds the last stable offset before records this lane committed after
+// it began; reading only up to there would return stale progress, and the
+// source would publish a committed batch again. Up to the high watermark,
+// the read waits for such transactions to end (their holders commit or
+// abort within a batch, the broker aborts them at their timeout).
 func (t *TxPublisher) readProgress(ctx context.Context, id string) ([]byte, error) {
 	adm := kadm.NewClient(t.client)
 	topic := t.cfg.ProgressTopic
@@ -321,7 +327,7 @@ func (t *TxPublisher) readProgress(ctx context.Context, id string) ([]byte, erro
 		return nil, fmt.Errorf("the topic is not readable: %v", td.Err)
 	}
 	p := int32(t.partitioner.Partition(&kgo.Record{Key: []byte(id)}, len(td.Partitions)))
-	ends, err := adm.ListCommittedOffsets(ctx, topic)
+	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -379,9 +385,9 @@ func (t *TxPublisher) scan(ctx context.Context, p int32, from, end int64, id str
 				value, found = r.Value, true
 			}
 		})
-		// Offsets before end are settled (end is the last stable offset):
-		// every one is a committed record or a transaction marker, but
-		// for aborted records, whose marker comes later.
+		// Offsets before end come back as committed records or
+		// transaction markers, once their transactions ended; aborted
+		// records never do, but their markers come after them.
 		if last >= end-1 || fetchedPast(fetches, end) {
 			return value, found, nil
 		}

@@ -284,3 +284,30 @@ func TestLaneContractHoldsUnderCoordinatorFaults(t *testing.T) {
 		})
 	}
 }
+
+// Another lane's transaction, open on the progress topic since before
+// this lane's last commit, holds the partition's last stable offset in
+// front of this lane's progress record: reading the progress must wait
+// for it to end, never return the progress before.
+func TestLaneProgressNotHiddenByAnotherLanesOpenTransaction(t *testing.T) {
+	t.Parallel()
+	b, newTx := txSetup(t)
+	ctx := context.Background()
+	id := "outbox/test.lane-lso/0"
+	l, _ := openLane(t, newTx(), id)
+	_, err := l.Publish(ctx, txBatch(1, 2, "lso", uuid.New()), []byte("1"))
+	require.NoError(t, err)
+	other, err := kgo.NewClient(append(kafka.TransactionalProducerOptions("outbox/test.lane-lso/1", 30*time.Second), kgo.SeedBrokers(b.Addr()))...)
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, other.BeginTransaction())
+	require.NoError(t, other.ProduceSync(ctx, &kgo.Record{Topic: kafkapub.DefaultProgressTopic, Key: []byte("outbox/test.lane-lso/1"), Value: []byte("7")}).FirstErr())
+	_, err = l.Publish(ctx, txBatch(3, 2, "lso", uuid.New()), []byte("2"))
+	require.NoError(t, err)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = other.EndTransaction(ctx, kgo.TryCommit)
+	}()
+	_, progress := openLane(t, newTx(), id)
+	require.Equal(t, "2", string(progress), "the progress committed behind another lane's open transaction")
+}
