@@ -360,7 +360,9 @@ func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
 	}
 	var err error
 	if r.cfg.ExactlyOnce {
-		err = r.streamExactlyOnce(ctx, runCtx, lock)
+		// The lock's session is the watcher's from here on: the slot
+		// is read through the pool.
+		err = r.streamExactlyOnce(ctx, runCtx, r.cfg.Pool)
 	} else {
 		err = r.stream(ctx, runCtx, start, nil)
 	}
