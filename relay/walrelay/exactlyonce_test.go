@@ -119,7 +119,9 @@ func TestExactlyOnceSkipsWhatTheLaneHolds(t *testing.T) {
 	saved := "eo_saved_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
 	_, err := b.db.Pool.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2)`, b.slot, saved)
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = b.db.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, saved) })
+	t.Cleanup(func() {
+		_, _ = b.db.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, saved)
+	})
 
 	aggs := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
 	// Batches of 7 over transactions of 5: batches end inside them.
@@ -248,4 +250,3 @@ func TestExactlyOnceRefusesForeignProgress(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(log.String(), "is not a WAL position") }, 20*time.Second, 20*time.Millisecond)
 	require.False(t, r.Stats().Leading)
 }
-
