@@ -197,7 +197,7 @@ func TestWALExactlyOncePostgresKilledThreeTimes(t *testing.T) {
 	}
 	began := time.Now()
 	w, c := privateWAL(t, nil)
-	p := start(t, append(w.eoArgs("wal", true), "--backoff-max", "1s")...)
+	p := start(t, w.eoArgs("wal", true)...)
 	w.waitStreaming(t, p)
 	stop := make(chan struct{})
 	loaded := make(chan struct{})
