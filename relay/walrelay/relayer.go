@@ -49,7 +49,10 @@ type Relayer struct {
 	acked                                                          atomic.Uint64
 	// progress counts the moves of the acknowledged position: a lead
 	// that moved it is a success, which resets the backoff.
-	progress       atomic.Int64
+	progress atomic.Int64
+	// skipped counts the events read again that the lane held already
+	// (ExactlyOnce).
+	skipped        atomic.Int64
 	queuedBytesMax atomic.Int64
 	// oldestUnacked is the commit time (Unix ns) of the oldest transaction
 	// read and not yet acknowledged; 0 when none.
@@ -104,6 +107,12 @@ func (r *Relayer) Stats() Stats {
 		AckedLSN: r.acked.Load(), Leading: r.leading.Load(), QueuedBytesMax: r.queuedBytesMax.Load(),
 	}
 }
+
+// Skipped is how many events read again from the slot were not published
+// because the lane's committed progress held them already (ExactlyOnce):
+// those a crash between a commit and the slot's confirmation, or a
+// Postgres crash, made the slot deliver again.
+func (r *Relayer) Skipped() int64 { return r.skipped.Load() }
 
 // Lag is how long ago the oldest transaction this relayer has read but the
 // broker has not yet acknowledged in full committed: the slot's lag in
@@ -189,23 +198,33 @@ func (r *Relayer) Run(ctx context.Context) error {
 		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) || errors.Is(err, ErrMessagesOpen) || errors.Is(err, ErrNotThisOutbox) {
 			return err
 		}
-		// A step-down is not a failed batch: settle counts those. Waiting
-		// out a previous leader's stream is no failure either: each try
-		// already waited SlotBusyTimeout, so the next comes soon.
-		var d time.Duration
-		if errors.Is(err, errSlotHeldByRelayer) {
-			d = r.cfg.LeaderPollInterval
-			r.log.Info("wal relay stepped down: the slot is still read by a relayer's stream (a previous leader's, not ended yet); standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
-		} else {
-			var attempt int
-			attempt, d = bo.failed()
-			r.log.Warn("wal relay stepped down; standing by again", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
-		}
-		if !backoff.Sleep(ctx, d) {
+		if !backoff.Sleep(ctx, r.steppedDown(err, &bo)) {
 			return nil
 		}
 	}
 	return nil
+}
+
+// steppedDown logs why the lead ended with err and returns how long to
+// stand by before trying to lead again.
+func (r *Relayer) steppedDown(err error, bo *leaderBackoff) time.Duration {
+	// A step-down is not a failed batch: settle counts those. Waiting
+	// out a previous leader's stream is no failure either: each try
+	// already waited SlotBusyTimeout, so the next comes soon.
+	var d time.Duration
+	switch {
+	case errors.Is(err, relay.ErrFenced):
+		d = r.cfg.LeaderPollInterval
+		r.log.Warn("wal relay lost the lane to another relayer: it stepped down; standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+	case errors.Is(err, errSlotHeldByRelayer):
+		d = r.cfg.LeaderPollInterval
+		r.log.Info("wal relay stepped down: the slot is still read by a relayer's stream (a previous leader's, not ended yet); standing by again", "err", err, "retry_in", d.Round(time.Millisecond))
+	default:
+		var attempt int
+		attempt, d = bo.failed()
+		r.log.Warn("wal relay stepped down; standing by again", "err", err, "attempt", attempt, "retry_in", d.Round(time.Millisecond))
+	}
+	return d
 }
 
 // checkLegacySlot refuses to start under the default names when the
@@ -306,9 +325,12 @@ func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
 	if err := checkPublication(ctx, lock, r.cfg.Tables, r.cfg.Publication); err != nil {
 		return err
 	}
-	start, err := r.checkSlot(ctx, lock)
-	if err != nil {
-		return err
+	var start pglogrepl.LSN
+	if !r.cfg.ExactlyOnce {
+		var err error
+		if start, err = r.checkSlot(ctx, lock); err != nil {
+			return err
+		}
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -336,7 +358,14 @@ func (r *Relayer) lead(runCtx context.Context, lock *pgx.Conn) error {
 	if r.cfg.HeartbeatInterval > 0 {
 		wg.Go(func() { r.heartbeat(ctx) })
 	}
-	err = r.stream(ctx, runCtx, start)
+	var err error
+	if r.cfg.ExactlyOnce {
+		// The lock's session is the watcher's from here on: the slot
+		// is read through the pool.
+		err = r.streamExactlyOnce(ctx, runCtx, r.cfg.Pool)
+	} else {
+		err = r.stream(ctx, runCtx, start, nil)
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}

@@ -62,6 +62,10 @@ type batch struct {
 	// stopped before (shutdown) acknowledges nothing, nor does anything
 	// after it.
 	ok bool
+	// With ExactlyOnce: progress is the position of the last item, err
+	// why the batch was not settled (it ends the stream).
+	progress []byte
+	err      error
 }
 
 // streamState is the stream's bookkeeping: what was read and is not yet
@@ -126,6 +130,9 @@ type streamer struct {
 
 	lastStatus time.Time
 	sentAcked  pglogrepl.LSN // the position the last status update told
+
+	// ls is the lane with ExactlyOnce, else nil.
+	ls *laneState
 }
 
 // stream reads the slot from its confirmed position and publishes in
@@ -133,8 +140,12 @@ type streamer struct {
 // ended, the batch in flight is let finish within ShutdownTimeout and is
 // acknowledged; otherwise (the lock was lost, the stream failed) it is
 // stopped at once.
-func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN) error {
-	st := &streamer{r: r, ctx: ctx, runCtx: runCtx, out: make(chan batch, 1), done: make(chan batch, 1)}
+//
+// ls is the lead's lane with ExactlyOnce (nil: at least once): each batch
+// is published in one of its transactions, and events it holds already
+// are skipped.
+func (r *Relayer) stream(ctx, runCtx context.Context, start pglogrepl.LSN, ls *laneState) error {
+	st := &streamer{r: r, ctx: ctx, runCtx: runCtx, out: make(chan batch, 1), done: make(chan batch, 1), ls: ls}
 	if err := st.connect(); err != nil {
 		return err
 	}
@@ -250,6 +261,9 @@ func (st *streamer) step() error {
 	select {
 	case b := <-st.done:
 		if !b.ok {
+			if b.err != nil {
+				return b.err
+			}
 			return fmt.Errorf("publishing stopped: %w", context.Cause(st.pubCtx))
 		}
 		st.inflight = false
@@ -291,8 +305,14 @@ const (
 
 // send publishes b: on the stream goroutine when it is small (inlineMax),
 // else, or for what that left unsettled, on the publisher goroutine.
+//
+// With ExactlyOnce every batch goes to the publisher goroutine: a
+// transaction costs three round trips to the broker (AddPartitionsToTxn,
+// Produce, EndTxn), beside which the two wake-ups are nothing, and a
+// commit cut short by inlineBound would leave its outcome unknown, to be
+// learnt by reopening the lane.
 func (st *streamer) send(b batch) {
-	if len(b.items) > inlineMax {
+	if len(b.items) > inlineMax || st.ls != nil {
 		st.publish(b)
 		return
 	}
@@ -322,6 +342,13 @@ func (st *streamer) publish(b batch) {
 // and wakes the stream, until out is closed (finish).
 func (st *streamer) publisher() {
 	for b := range st.out {
+		if st.ls != nil {
+			b.err = st.r.settleLane(st.pubCtx, st.runCtx, st.ls.lane, b.items, b.progress)
+			b.ok = b.err == nil
+			st.done <- b
+			st.wake()
+			continue
+		}
 		b.ok = st.r.settle(st.pubCtx, st.runCtx, b.items)
 		st.done <- b
 		st.wake()
@@ -410,10 +437,20 @@ func (st *streamer) handle(raw pgproto3.BackendMessage) error {
 			if err != nil {
 				return fmt.Errorf("parse XLogData: %w", err)
 			}
-			return st.decode(xld)
+			return st.decodeData(xld)
 		}
 	}
 	return nil
+}
+
+// decodeData decodes one message of the stream; with ExactlyOnce it
+// notes first where a transaction that begins commits (laneState.beginTx),
+// for its events' positions.
+func (st *streamer) decodeData(xld pglogrepl.XLogData) error {
+	if st.ls != nil {
+		st.ls.beginTx(xld.WALData)
+	}
+	return st.decode(xld)
 }
 
 // keepalive applies the server's keepalive.
@@ -513,7 +550,7 @@ func (st *streamer) readToCommit() {
 			continue
 		}
 		xld, err := pglogrepl.ParseXLogData(msg.Data[1:])
-		if err != nil || st.decode(xld) != nil {
+		if err != nil || st.decodeData(xld) != nil {
 			return
 		}
 	}
@@ -544,6 +581,10 @@ func (st *streamer) take(n, maxBytes int) batch {
 	st.bytes -= size
 	b := batch{items: st.queue[:n:n]}
 	st.queue = st.queue[n:]
+	if st.ls != nil {
+		b.progress = st.ls.pos[n-1].progress()
+		st.ls.pos = st.ls.pos[n:]
+	}
 	k := 0
 	for k < len(st.marks) && st.marks[k].n <= n {
 		b.end = st.marks[k].lsn
@@ -560,8 +601,12 @@ func (st *streamer) take(n, maxBytes int) batch {
 	return b
 }
 
-// enqueue queues it for the publisher.
+// enqueue queues it for the publisher; with ExactlyOnce, unless the
+// lane holds it already.
 func (st *streamer) enqueue(it item) {
+	if st.ls != nil && !st.ls.admit(st.r, it.msg.ID) {
+		return
+	}
 	if len(st.queue) == 0 {
 		st.queuedAt = time.Now()
 	}
