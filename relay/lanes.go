@@ -328,9 +328,7 @@ func (r *Relayer) laneBatch(ctx context.Context, ln *lane, size int) (BatchResul
 	ln.settled = false
 	if len(send) > 0 {
 		progress, _ := json.Marshal(laneProgress{Seq: seq})
-		pctx, endSpan := r.obs.tracing.startPublish(ctx, send)
-		perrs, err := ln.tx.Publish(pctx, send, progress)
-		endSpan(perrs, err)
+		perrs, err := r.obs.PublishLane(ctx, ln.tx, send, progress)
 		switch {
 		case err == nil:
 			ln.settled = true
