@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/backoff"
@@ -263,8 +264,22 @@ func (r *Relayer) takeLead(ctx context.Context) (*pgx.Conn, error) {
 		conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // nothing held
 		return nil, nil
 	}
+	idle := max(10*r.cfg.LeaderPollInterval, minLeaderIdle)
+	if _, err := conn.Exec(ctx, leaderIdleSQL, fmt.Sprintf("%dms", idle.Milliseconds())); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42704" { // undefined_object: before Postgres 14
+			conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // reporting the query's error
+			return nil, fmt.Errorf("set the leader session's idle_session_timeout: %w", err)
+		}
+	}
 	return conn, nil
 }
+
+// minLeaderIdle is the shortest idle_session_timeout of the leader's lock
+// session (leaderIdleSQL): a leader stalled this long (a GC pause, a
+// starved CPU) loses the lead, so it is far longer than any stall a
+// running relayer has.
+const minLeaderIdle = 10 * time.Second
 
 // streamAppName starts the application_name of every relayer's
 // replication connection: a slot read by such a process is a previous
@@ -417,7 +432,15 @@ func (r *Relayer) checkSlot(ctx context.Context, db outbox.DB) (pglogrepl.LSN, e
 				return 0, fmt.Errorf("read the reader of slot %s: %w", r.cfg.Slot, err)
 			}
 			if strings.HasPrefix(app, streamAppName) {
-				return 0, fmt.Errorf("%w: slot %s is still read by process %d (%q) after %s; its leader lost the lock, and the server ends its stream once it notices (keepalives, wal_sender_timeout)", errSlotHeldByRelayer, r.cfg.Slot, *pid, app, r.cfg.SlotBusyTimeout)
+				// This relayer holds the lock: that stream's leader lost
+				// it. End the stream rather than wait for the server to
+				// (wal_sender_timeout), and read the slot again.
+				r.log.Warn("ending a previous leader's stream, which still reads the slot after its leader lost the lock", "slot", r.cfg.Slot, "pid", *pid, "application_name", app)
+				if _, err := db.Exec(ctx, takeSlotSQL, *pid); err != nil {
+					return 0, fmt.Errorf("%w: slot %s is still read by process %d (%q) after %s, and ending it failed (%w); the server ends it once it notices (keepalives, wal_sender_timeout)", errSlotHeldByRelayer, r.cfg.Slot, *pid, app, r.cfg.SlotBusyTimeout, err)
+				}
+				deadline = time.Now().Add(r.cfg.SlotBusyTimeout)
+				continue
 			}
 			return 0, fmt.Errorf("%w: slot %s is read by process %d, which does not hold the outbox relay's leader lock: stop that reader (SELECT pg_terminate_backend(%d)) or give this relay another --slot", ErrSlotBusy, r.cfg.Slot, *pid, *pid)
 		}

@@ -50,6 +50,20 @@ const heartbeatSQL = `SELECT pg_logical_emit_message(false, '` + HeartbeatPrefix
 // leaderLockSQL tries the leader's session lock (lockkey.WALSlot).
 const leaderLockSQL = `SELECT pg_try_advisory_lock($1, $2)`
 
+// leaderIdleSQL ends the leader's lock session when it stays idle for $1
+// (idle_session_timeout, Postgres 14 and later): the leader pings it
+// every half LeaderPollInterval, so only a leader that stopped running
+// (paused, frozen) lets it lapse, and its lock then goes to a standby. The
+// kernel of a paused process still answers TCP keepalives: without this,
+// such a leader would keep the lock until it ran again.
+const leaderIdleSQL = `SELECT set_config('idle_session_timeout', $1, false)`
+
+// takeSlotSQL ends the walsender of a previous leader's stream, which
+// still reads the slot after its leader lost the lock (paused, or cut
+// off before the server noticed). Only the new leader runs it, holding
+// the lock, and only on a process named as a relayer's stream.
+const takeSlotSQL = `SELECT pg_terminate_backend($1)`
+
 // slotSQL reads the slot's state before streaming.
 const slotSQL = `SELECT coalesce(wal_status, ''), active_pid, coalesce(confirmed_flush_lsn, '0/0'::pg_lsn)::text, plugin, database = current_database()
 FROM pg_replication_slots WHERE slot_name = $1`
@@ -96,6 +110,7 @@ const streamHolderSQL = `SELECT coalesce((SELECT application_name FROM pg_stat_a
 
 var _ = sqltext.Register("walrelay", map[string]string{
 	"parkSQL": parkSQL, "parkRawSQL": parkRawSQL, "parkBinarySQL": parkBinarySQL, "heartbeatSQL": heartbeatSQL, "leaderLockSQL": leaderLockSQL, "slotSQL": slotSQL, "publicationMarkerSQL": publicationMarkerSQL, "streamHolderSQL": streamHolderSQL,
+	"leaderIdleSQL": leaderIdleSQL, "takeSlotSQL": takeSlotSQL,
 	"partitionedSQL": partitionedSQL, "publicationViaRootSQL": publicationViaRootSQL, "publicationRootSQL": publicationRootSQL,
 	"emitMessageACLSQL": emitMessageACLSQL, "publicationTablesSQL": publicationTablesSQL, "publicationFilterSQL": publicationFilterSQL, "slotHomeSQL": slotHomeSQL, "legacySQL": legacySQL, "emitMessageFuncsSQL": emitMessageFuncsSQL,
 })
