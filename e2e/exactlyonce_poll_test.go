@@ -233,7 +233,7 @@ func produceSignal(b *devkafka.Broker) <-chan struct{} {
 }
 
 // killSoonAfterAProduce waits (up to 2 s) for the next produce request to
-// reach the broker, then 0-3 ms more: a kill then lands, often, after the
+// reach the broker, then 0-1 ms more: a kill then lands, often, after the
 // broker acknowledged a batch and before the relayer recorded it, where
 // at-least-once sends the batch again.
 func killSoonAfterAProduce(produced <-chan struct{}) {
@@ -243,7 +243,7 @@ func killSoonAfterAProduce(produced <-chan struct{}) {
 	}
 	select {
 	case <-produced:
-		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+		time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
 	case <-time.After(2 * time.Second):
 	}
 }
