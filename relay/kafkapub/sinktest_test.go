@@ -3,6 +3,7 @@ package kafkapub_test
 import (
 	"encoding/binary"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,11 +68,20 @@ func kafkaSinkOn(t *testing.T, cfg kafkapub.PublisherConfig, newClient func(kafk
 	b, err := devkafka.Start(devkafka.Config{Partitions: 3, MaxMessageBytes: sinkMaxBytes})
 	require.NoError(t, err)
 	t.Cleanup(b.Close)
+	// The client's debug log, shown when the case fails: an order the
+	// suite finds broken under load is otherwise hard to explain.
+	clientLog := &tailBuffer{max: 256 << 10}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the Kafka client's log (last %d bytes):\n%s", clientLog.max, clientLog.String())
+		}
+	})
 	client, err := newClient(kafka.ClientConfig{Brokers: []string{b.Addr()}, Opts: []kgo.Opt{
 		// A transient fault surfaces as an error after this long.
 		kgo.RecordDeliveryTimeout(5 * time.Second),
 		// Plain record batches, which the per-record faults read.
 		kgo.ProducerBatchCompression(kgo.NoCompression()),
+		kgo.WithLogger(kgo.BasicLogger(clientLog, kgo.LogLevelDebug, nil)),
 	}})
 	require.NoError(t, err)
 	t.Cleanup(client.Close)
@@ -157,4 +167,27 @@ func batchCarries(raw []byte, id string) bool {
 		}
 	}
 	return false
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - b.max; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
 }
