@@ -186,7 +186,9 @@ func (m *Migrator) Status(ctx context.Context, db outbox.DB) (Status, error) {
 	return st, err
 }
 
-// Validate returns an error unless the database is at the latest version.
+// Validate returns an error unless the database is at the latest version
+// and the outbox's id sequence hands out ids one at a time
+// (ErrSequenceCached).
 func (m *Migrator) Validate(ctx context.Context, db outbox.DB) error {
 	st, err := m.Status(ctx, db)
 	if err != nil {
@@ -198,7 +200,7 @@ func (m *Migrator) Validate(ctx context.Context, db outbox.DB) error {
 	if st.Current < st.Latest {
 		return fmt.Errorf("migrate: %s is at schema version %d of %d; run `outbox migrate up`", m.tables.OutboxIdent(), st.Current, st.Latest)
 	}
-	return nil
+	return m.checkSequenceCache(ctx, db)
 }
 
 // Up applies every pending migration, each in its own transaction, and

@@ -67,6 +67,19 @@ var _ = sqltext.Register("migrate", map[string]string{
 	"currentSQL": currentSQL, "existsSQL": existsSQL, "appliedSQL": appliedSQL,
 })
 
+// idSeqCacheSQL reads the sequence behind the outbox's id column and how
+// many ids it caches per session (sequence.go): the sequence the column
+// owns (pg_get_serial_sequence of $1, the quoted outbox table: BIGSERIAL,
+// or the partitioned layout's, given to the partitioned table), else the
+// one named as BIGSERIAL names it ($2, quoted). Catalog lookups by oid.
+const idSeqCacheSQL = `SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), s.seqcache
+FROM pg_catalog.pg_sequence s
+JOIN pg_catalog.pg_class c ON c.oid = s.seqrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE s.seqrelid = coalesce(pg_catalog.pg_get_serial_sequence($1, 'id')::regclass, pg_catalog.to_regclass($2))`
+
+var _ = sqltext.Register("migrate", map[string]string{"idSeqCacheSQL": idSeqCacheSQL})
+
 // Binary payloads (binary.go): an optional setting of one outbox table,
 // applied after the numbered migrations, each step in a transaction of its
 // own so that no step holds a lock longer than a catalog change.

@@ -226,10 +226,11 @@ type walRelay struct {
 }
 
 // setupSlot creates the env's publication and slot: events committed from
-// now on are in it.
+// now on are in it. Rows an earlier run left pending are no loss here: a
+// run measures only what it writes once the slot exists.
 func (e *env) setupSlot(ctx context.Context) (string, error) {
 	slot := walrelay.DefaultNameOf(e.pool, e.tables)
-	if err := walrelay.Setup(ctx, e.pool, e.tables, slot, slot); err != nil {
+	if err := walrelay.SetupAllowPending(ctx, e.pool, e.tables, slot, slot); err != nil {
 		return "", err
 	}
 	return slot, nil

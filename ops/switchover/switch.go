@@ -128,7 +128,7 @@ func SetupWAL(ctx context.Context, db outbox.DB, tables outbox.Tables, slot, pub
 	if err := db.QueryRow(ctx, switchSetupStateSQL, s.Publication, s.Slot).Scan(&pubExists, &slotExists); err != nil {
 		return s, fmt.Errorf("ops: look up publication %s and slot %s: %w", s.Publication, s.Slot, err)
 	}
-	if err := walrelay.Setup(ctx, db, tables, s.Slot, s.Publication); err != nil {
+	if err := walrelay.SetupAllowPending(ctx, db, tables, s.Slot, s.Publication); err != nil {
 		return s, err
 	}
 	s.PublicationCreated, s.SlotCreated = !pubExists, !slotExists

@@ -196,7 +196,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) || errors.Is(err, ErrMessagesOpen) || errors.Is(err, ErrNotThisOutbox) {
+		if errors.Is(err, ErrSlotLost) || errors.Is(err, ErrSlotBusy) || errors.Is(err, ErrWALLevel) || errors.Is(err, ErrMessagesOpen) || errors.Is(err, ErrNotThisOutbox) || errors.Is(err, ErrPendingBeforeSlot) {
 			return err
 		}
 		if !backoff.Sleep(ctx, r.steppedDown(err, &bo)) {

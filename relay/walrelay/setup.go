@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,6 +42,11 @@ var (
 	// defaults, and this database has the outbox's slot under the default
 	// name of earlier versions, not under this one's (Names).
 	ErrLegacySlot = errors.New("walrelay: the outbox's slot has the default name of an earlier version")
+	// ErrPendingBeforeSlot: Setup created the slot and found events
+	// committed before it that are still pending: the WAL source would
+	// never publish them. Setup dropped the slot again; move the outbox
+	// with `outbox switch to-wal`.
+	ErrPendingBeforeSlot = errors.New("walrelay: events older than the new replication slot were never published")
 )
 
 // DefaultName is the slot and publication name for the outbox t in the
@@ -163,14 +169,36 @@ func legacySlot(ctx context.Context, db outbox.DB, t outbox.Tables, def string) 
 // The publication is created first: pgoutput reads it as of each change
 // it decodes, so a slot older than its publication fails on the changes
 // in between. Creating a slot waits for the transactions open at that
-// moment to end. Events committed before the slot exists are not in it:
-// docs/wal.md says how to move an outbox from polling to the WAL.
+// moment to end.
+//
+// Events committed before the slot exists are not in it. So Setup creates
+// the slot on a replication connection that exports the snapshot of the
+// slot's starting point, and counts in that snapshot the outbox rows no
+// polling relayer dispatched: exactly the events older than the slot that
+// nobody published. If there are any it drops the slot, and the
+// publication if it created it, so that the next run checks again, and
+// fails with ErrPendingBeforeSlot: move such an outbox with `outbox
+// switch to-wal` (SetupAllowPending), as docs/wal.md says. db must be a
+// *pgxpool.Pool or a *pgx.Conn: the replication connection uses its
+// configuration.
 //
 // Drop both with Teardown (`outbox relay --mode wal --teardown`). A slot
 // nobody reads keeps WAL on the server's disk without limit (unless
 // max_slot_wal_keep_size is set): drop the slot of an outbox you stop
 // relaying from the WAL.
 func Setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string) error {
+	return setup(ctx, db, t, slot, publication, true)
+}
+
+// SetupAllowPending is Setup without the check for pending rows older
+// than a new slot: for a switch from the polling relay (ops/switchover,
+// `outbox relay --mode wal --setup-only`), whose polling relayers publish
+// those rows while the new slot collects what follows.
+func SetupAllowPending(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string) error {
+	return setup(ctx, db, t, slot, publication, false)
+}
+
+func setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string, check bool) error {
 	t = t.WithDefaults()
 	if err := validNames(slot, publication); err != nil {
 		return err
@@ -178,13 +206,68 @@ func Setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication
 	if err := checkWALLevel(ctx, db); err != nil {
 		return err
 	}
+	pubCreated, err := ensurePublication(ctx, db, t, slot, publication)
+	if err != nil {
+		return err
+	}
+	if err := checkSlotHome(ctx, db, slot); err != nil {
+		return err
+	}
+	var marker *string
+	if err := db.QueryRow(ctx, publicationMarkerSQL, publication).Scan(&marker); err != nil {
+		return fmt.Errorf("walrelay: read the comment of publication %s: %w", publication, err)
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&exists); err != nil {
+		return fmt.Errorf("walrelay: look up slot %s: %w", slot, err)
+	}
+	has := func(m string) bool { return marker != nil && *marker == m }
+	switch {
+	case !exists && has(slotMarker(slot)):
+		// The slot was created once and is gone: recreating it would start
+		// at the current position and skip what was committed since the
+		// old one's.
+		return fmt.Errorf("%w: slot %s is gone (dropped by hand, or lost in a failover to a server that did not have it), but publication %s records that it was created: the events committed since its last acknowledged position were not relayed, and a new slot would start after them; republish the gap from the table (outbox relay --mode poll, plain-insert mode), then drop the publication and start again (outbox relay --mode wal --teardown)", ErrSlotLost, slot, publication)
+	case exists && check && has(creatingMarker(slot)):
+		// A Setup stopped between creating the slot and checking what is
+		// older than it: nobody has read the slot, and only a new one
+		// comes with the snapshot the check needs.
+		if _, err := db.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot); err != nil {
+			return fmt.Errorf("walrelay: drop slot %s, which an interrupted setup created without checking the outbox for events older than it, to create it again (stop whatever reads it): %w", slot, err)
+		}
+		exists = false
+	}
+	if !exists {
+		if err := createSlot(ctx, db, t, slot, publication, check); err != nil {
+			if errors.Is(err, ErrPendingBeforeSlot) && pubCreated {
+				err = dropCreatedPublication(ctx, db, publication, err)
+			}
+			return err
+		}
+	}
+	// Marked only once the slot exists and was checked (and marked then
+	// if an earlier Setup, or a version without markers, stopped short),
+	// so that a publication without its slot means "lost" only if the
+	// slot was there once.
+	if !has(slotMarker(slot)) {
+		if err := markPublication(ctx, db, slot, publication, slotMarker(slot)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensurePublication creates the publication of the outbox's inserts when
+// missing and checks that it is exactly this outbox's; created says
+// whether this call created it.
+func ensurePublication(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string) (created bool, err error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, publication).Scan(&exists); err != nil {
-		return fmt.Errorf("walrelay: look up publication %s: %w", publication, err)
+		return false, fmt.Errorf("walrelay: look up publication %s: %w", publication, err)
 	}
 	partitioned, err := isPartitioned(ctx, db, t)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !exists {
 		// A partitioned outbox (the partitioned layout) is published as
@@ -197,56 +280,141 @@ func Setup(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication
 		_, err := db.Exec(ctx, "CREATE PUBLICATION "+pgident.Quote(publication)+" FOR TABLE "+t.OutboxIdent()+" WITH ("+with+")")
 		var pgErr *pgconn.PgError
 		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // duplicate_object: a concurrent Setup
-			return fmt.Errorf("walrelay: create publication %s for %s: %w", publication, t.OutboxIdent(), err)
+			return false, fmt.Errorf("walrelay: create publication %s for %s: %w", publication, t.OutboxIdent(), err)
 		}
+		created = err == nil
 		// Read again: a move of the outbox (outbox partitions convert or
 		// revert) that swapped the table since the first read left the
 		// publication on the table now under the outbox's name (CREATE
 		// PUBLICATION waits for the swap's lock, then looks the name up
 		// again), or carried it to the new table itself.
 		if partitioned, err = isPartitioned(ctx, db, t); err != nil {
-			return err
+			return created, err
 		}
 	}
 	if err := publishViaRoot(ctx, db, t, slot, publication, partitioned); err != nil {
-		return err
+		return created, err
 	}
-	if err := checkPublication(ctx, db, t, publication); err != nil {
-		return err
-	}
-	if err := checkSlotHome(ctx, db, slot); err != nil {
-		return err
-	}
-	var marker *string
-	if err := db.QueryRow(ctx, publicationMarkerSQL, publication).Scan(&marker); err != nil {
-		return fmt.Errorf("walrelay: read the comment of publication %s: %w", publication, err)
-	}
-	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, slot).Scan(&exists); err != nil {
-		return fmt.Errorf("walrelay: look up slot %s: %w", slot, err)
-	}
-	if !exists && marker != nil && *marker == slotMarker(slot) {
-		// The slot was created once and is gone: recreating it would start
-		// at the current position and skip what was committed since the
-		// old one's.
-		return fmt.Errorf("%w: slot %s is gone (dropped by hand, or lost in a failover to a server that did not have it), but publication %s records that it was created: the events committed since its last acknowledged position were not relayed, and a new slot would start after them; republish the gap from the table (outbox relay --mode poll, plain-insert mode), then drop the publication and start again (outbox relay --mode wal --teardown)", ErrSlotLost, slot, publication)
-	}
-	if !exists {
-		_, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
-		var pgErr *pgconn.PgError
-		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") {
-			return fmt.Errorf("walrelay: create logical replication slot %s: %w", slot, err)
-		}
-	}
-	// Marked only once the slot exists (and marked then if an earlier
-	// Setup, or a version without markers, stopped short), so that a
-	// publication without its slot means "lost" only if the slot was
-	// there once.
-	if marker == nil || *marker != slotMarker(slot) {
-		if _, err := db.Exec(ctx, "COMMENT ON PUBLICATION "+pgident.Quote(publication)+" IS "+quoteLiteral(slotMarker(slot))); err != nil {
-			return fmt.Errorf("walrelay: mark publication %s as having slot %s (the role must own the publication: ALTER PUBLICATION %s OWNER TO <the relay's role>): %w", publication, slot, publication, err)
-		}
+	return created, checkPublication(ctx, db, t, publication)
+}
+
+// markPublication puts comment on the publication.
+func markPublication(ctx context.Context, db outbox.DB, slot, publication, comment string) error {
+	if _, err := db.Exec(ctx, "COMMENT ON PUBLICATION "+pgident.Quote(publication)+" IS "+quoteLiteral(comment)); err != nil {
+		return fmt.Errorf("walrelay: mark publication %s as having slot %s (the role must own the publication: ALTER PUBLICATION %s OWNER TO <the relay's role>): %w", publication, slot, publication, err)
 	}
 	return nil
+}
+
+// creatingMarker is the comment Setup puts on the publication before it
+// creates the slot, replaced by slotMarker once the slot is checked: a
+// slot found under it was created by a Setup that stopped before the
+// check, and is created again.
+func creatingMarker(slot string) string {
+	return "outbox wal relay: creating replication slot " + slot + "; not yet checked for events older than it"
+}
+
+// createSlot creates the logical slot; with check, on a replication
+// connection whose exported snapshot is the slot's starting point, in
+// which it counts the pending rows: each one was committed before the
+// slot, so is not in it. It drops the slot again and fails with
+// ErrPendingBeforeSlot when there are any.
+func createSlot(ctx context.Context, db outbox.DB, t outbox.Tables, slot, publication string, check bool) error {
+	if !check {
+		_, err := db.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot)
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // duplicate_object: a concurrent Setup
+			return fmt.Errorf("walrelay: create logical replication slot %s: %w", slot, err)
+		}
+		return nil
+	}
+	cc, err := connConfigOf(db)
+	if err != nil {
+		return err
+	}
+	if err := markPublication(ctx, db, slot, publication, creatingMarker(slot)); err != nil {
+		return err
+	}
+	pc := cc.Config.Copy()
+	pc.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return fmt.Errorf("walrelay: open a replication connection to create slot %s (the role needs the REPLICATION attribute): %w", slot, err)
+	}
+	// The exported snapshot lives as long as this connection stays idle:
+	// it is closed once the count is read.
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the slot is created or not either way
+	res, err := pglogrepl.CreateReplicationSlot(ctx, conn, pgident.Quote(slot), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "EXPORT_SNAPSHOT"})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+		// Created by another session, whose Setup checks it: run again
+		// to find it created and checked, or gone again.
+		return fmt.Errorf("walrelay: slot %s was created by another session meanwhile; run again", slot)
+	}
+	if err != nil {
+		return fmt.Errorf("walrelay: create logical replication slot %s: %w", slot, err)
+	}
+	p, err := countPendingIn(ctx, db, t, res.SnapshotName)
+	if err == nil && p.n == 0 {
+		return nil
+	}
+	// Dropped whether the count failed or found rows: a slot kept
+	// unchecked would be streamed by the next run without the check.
+	drop := context.WithoutCancel(ctx)
+	conn.Close(drop) //nolint:errcheck // the slot is released either way; dropping it says if not
+	if _, derr := db.Exec(drop, `SELECT pg_drop_replication_slot($1)`, slot); derr != nil {
+		return fmt.Errorf("walrelay: drop slot %s again, created without being checked (drop it by hand: SELECT pg_drop_replication_slot('%s')): %w", slot, slot, errors.Join(err, derr))
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: %d event(s) of %s, ids %d to %d, were committed before replication slot %s existed and are still pending (dispatched_at IS NULL), so the WAL source would never publish them; the slot was dropped again. Move the outbox with `outbox switch to-wal` instead: a polling relay publishes those rows while the new slot collects what follows (docs/wal.md). Only if they were all published some other way (by a WAL relay before a teardown, say), mark them dispatched (UPDATE %s SET dispatched_at = now() WHERE dispatched_at IS NULL AND id BETWEEN %d AND %d) and start the WAL relay again", ErrPendingBeforeSlot, p.n, t.OutboxIdent(), p.min, p.max, slot, t.OutboxIdent(), p.min, p.max)
+}
+
+// pendingRows counts pending rows and their id range.
+type pendingRows struct{ n, min, max int64 }
+
+// countPendingIn counts the outbox's pending rows as of the exported
+// snapshot.
+func countPendingIn(ctx context.Context, db outbox.DB, t outbox.Tables, snapshot string) (pendingRows, error) {
+	var p pendingRows
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return p, fmt.Errorf("walrelay: begin the check of %s for events older than the new slot: %w", t.OutboxIdent(), err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read only
+	if _, err := tx.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		return p, fmt.Errorf("walrelay: check %s for events older than the new slot: %w", t.OutboxIdent(), err)
+	}
+	if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT "+quoteLiteral(snapshot)); err != nil {
+		return p, fmt.Errorf("walrelay: check %s for events older than the new slot: take the slot's snapshot: %w", t.OutboxIdent(), err)
+	}
+	if err := tx.QueryRow(ctx, render(pendingBeforeSlotSQL, t)).Scan(&p.n, &p.min, &p.max); err != nil {
+		return p, fmt.Errorf("walrelay: count the pending rows of %s older than the new slot: %w", t.OutboxIdent(), err)
+	}
+	return p, nil
+}
+
+// dropCreatedPublication drops the publication Setup created, after
+// cause: the next run creates it again and checks again.
+func dropCreatedPublication(ctx context.Context, db outbox.DB, publication string, cause error) error {
+	if _, err := db.Exec(context.WithoutCancel(ctx), "DROP PUBLICATION IF EXISTS "+pgident.Quote(publication)); err != nil {
+		return fmt.Errorf("%w (publication %s, created just now, could not be dropped again: %v; drop it by hand, DROP PUBLICATION %s, or leave it: the next run uses it)", cause, publication, err, pgident.Quote(publication))
+	}
+	return fmt.Errorf("%w; so was publication %s", cause, publication)
+}
+
+// connConfigOf is the configuration of db's connections, from which
+// Setup opens its replication connection.
+func connConfigOf(db outbox.DB) (*pgx.ConnConfig, error) {
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		return d.Config().ConnConfig, nil
+	case *pgx.Conn:
+		return d.Config(), nil
+	}
+	return nil, fmt.Errorf("walrelay: Setup creates the slot on a replication connection configured as db's, and cannot read the configuration of a %T: pass a *pgxpool.Pool or a *pgx.Conn", db)
 }
 
 // isPartitioned reports whether the outbox table is partitioned (the

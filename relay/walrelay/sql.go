@@ -119,3 +119,12 @@ func render(sql string, t outbox.Tables) string {
 	t = t.WithDefaults()
 	return sqltext.Render(sql, sqltext.For(t.Schema, t.Outbox, t.Processed))
 }
+
+// pendingBeforeSlotSQL counts the outbox's pending rows and their id
+// range, in the snapshot of a new slot's starting point (Setup): events
+// committed before the slot, which it lacks, that no polling relayer
+// dispatched. Served by the pending index {{pending_idx}}, (id) WHERE
+// dispatched_at IS NULL.
+const pendingBeforeSlotSQL = `SELECT count(*), coalesce(min(id), 0), coalesce(max(id), 0) FROM {{outbox}} WHERE dispatched_at IS NULL`
+
+var _ = sqltext.Register("walrelay", map[string]string{"pendingBeforeSlotSQL": pendingBeforeSlotSQL})
