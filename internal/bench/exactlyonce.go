@@ -186,7 +186,7 @@ func readVisible(ctx context.Context, b *broker, topic string) (*visibility, fun
 	}
 	cl, err := kgo.NewClient(append(opts, kgo.ConsumeTopics(topic), kgo.AllowAutoTopicCreation(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(5*time.Millisecond), kgo.MetadataMinAge(100*time.Millisecond))...)
+		kgo.FetchMaxWait(10*time.Millisecond), kgo.MetadataMinAge(100*time.Millisecond))...)
 	if err != nil {
 		return nil, nil, err
 	}
