@@ -166,7 +166,12 @@ var binaryClaimRewrites = [][2]string{
 // of rows pending, and its plan for LIMIT 5000 otherwise read every pending
 // row through a bitmap scan and sorted them, far slower than walking
 // the pending index (TestClaimPlanUsesPendingIndex, "no statistics").
-const claimBegin = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
+//
+// JIT is off: a plan that must scan a table sequentially all the same
+// (the exactly-once claim reads its small lanes table so) carries the
+// planner's disable cost, far above jit_above_cost, and Postgres then
+// compiled the claim for about 400 ms on every run.
+const claimBegin = "BEGIN; SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off"
 
 // claimBeginStatements are claimBegin's statements, which the relayer
 // sends in one pipeline with the claim.
@@ -185,7 +190,7 @@ var claimBeginStatements = strings.Split(claimBegin, "; ")
 // for the hashed anti-join of NOT IN instead. The plan rules (only index
 // walks) are claimBegin's, and TestPartitionedClaimPlan checks them under
 // fresh, stale and missing statistics.
-const claimBeginPartitioned = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off"
+const claimBeginPartitioned = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off"
 
 var claimBeginPartitionedStatements = strings.Split(claimBeginPartitioned, "; ")
 
