@@ -256,6 +256,8 @@ func openKafka(cfg kafka.ClientConfig, env sinkEnv) (openedSink, error) {
 	if env.tx != nil {
 		tcfg := *env.tx
 		tcfg.Client = cfg
+		tcfg.Client.Opts = append(slices.Clone(cfg.Opts), kgo.RecordDeliveryTimeout(env.deliver))
+		tcfg.Client.Logger = env.clientLog()
 		tx, err := kafkapub.NewTxPublisher(client, pcfg, tcfg)
 		if err != nil {
 			release()

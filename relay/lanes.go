@@ -184,7 +184,7 @@ func (r *Relayer) takeLane(ctx context.Context, ts TransactionalSink, prev *lane
 		}
 		break
 	}
-	if prev != nil && ln.n != prevN {
+	if prev != nil && (ln.n != prevN || ln.epoch != prevEpoch+1) { // another relayer held prev meanwhile
 		r.log.Warn("relay stepping down: another relayer took its lane while its last batch's outcome was unknown; that relayer settled the batch, and nothing this one had in flight becomes visible", "lane", prevN, "epoch", prevEpoch, "new_lane", ln.n)
 	}
 	id := r.cfg.LaneID(fmt.Sprint("poll-", ln.n))

@@ -44,9 +44,10 @@ type topicLimit struct {
 // With an override it asks the broker nothing.
 type topicLimits struct {
 	adm *kadm.Client
-	// shared marks a client from NewSharedPublisherClient: its
-	// Publishers wait for their own records, never Flush.
-	shared bool
+	// shared marks a client from NewSharedPublisherClient, whose
+	// Publishers publish one at a time (publishMu).
+	shared    bool
+	publishMu sync.Mutex
 
 	mu sync.Mutex
 	// override, when positive, is the limit of every topic (NewPublisher).

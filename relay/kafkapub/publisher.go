@@ -119,26 +119,24 @@ func (cfg PublisherConfig) Validate() error {
 }
 
 // NewPublisherClient builds a franz-go client for publishing from cfg:
-// kafka.ProducerOptions, manual flushing, and produce batches capped per topic
-// at the limit a Publisher on it learns from the broker.
+// kafka.ProducerOptions, manual flushing, one produce request in flight
+// per broker without idempotence (see newPublisherClient for why), and
+// produce batches capped per topic at the limit a Publisher on it learns
+// from the broker.
 func NewPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
 	return newPublisherClient(cfg, false)
 }
 
 // NewSharedPublisherClient is NewPublisherClient for a client that
 // several Publishers share, one per outbox, e.g. every outbox a process
-// relays to one cluster: one set of broker connections and one producer
-// id for all. Its records go out as soon as they are produced instead of
-// at a flush, and each Publisher waits for its own records only, so that
-// one outbox's batch never waits for another's (a Flush waits for every
-// record the client holds). Its Publishers must share their
-// MaxMessageBytes, which is the client's. Two things still reach across
-// them: a Publisher that purges a recreated topic fails the other
-// Publishers' records of that topic still in flight, and records are
-// batched per partition with the context of the batch's first record, so
-// a Publish cut short (its context done) can fail records of another
-// Publisher's to the same partition. Both are failures the relayer
-// retries.
+// relays to one cluster: one set of broker connections for all. Its
+// Publishers publish one at a time: a Flush sends every record the client
+// holds, and records of two batches sent as they are produced could
+// overtake a refused record of their aggregate. So one outbox's batch can
+// wait for another's to be acknowledged (a few milliseconds at a time).
+// Its Publishers must share their MaxMessageBytes, which is the client's.
+// A Publisher that purges a recreated topic makes the others' next
+// records to it wait for the topic's metadata again.
 func NewSharedPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
 	return newPublisherClient(cfg, true)
 }
@@ -150,10 +148,19 @@ func newPublisherClient(cfg kafka.ClientConfig, shared bool) (*kgo.Client, error
 	}
 	lim := newTopicLimits()
 	lim.shared = shared
-	own := append(kafka.ProducerOptions(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes))
-	if !shared {
-		own = append(own, kgo.ManualFlushing())
-	}
+	// Records go out only at a Flush, one produce request in flight per
+	// broker, without idempotence (which keeps up to five in flight). A
+	// partition's records that fill more than one request then go one
+	// request after the other, and when the broker refuses one for good
+	// (INVALID_RECORD, a size it refuses as a whole) the client fails the
+	// partition's remaining records with it: none of them can be
+	// acknowledged ahead of the refused one, and overtake it. With
+	// several requests in flight the broker refused one and accepted the
+	// next (seen under load). A retry after a lost response can then write
+	// a record twice, which at-least-once allows; TxPublisher's lanes keep
+	// idempotence, which transactions need, and abort whole on a failure.
+	own := append(kafka.ProducerOptions(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes),
+		kgo.ManualFlushing(), kgo.DisableIdempotentWrite(), kgo.MaxProduceRequestsInflightPerBroker(1))
 	client, err := kgo.NewClient(append(own, opts...)...)
 	if err != nil {
 		return nil, err
@@ -238,6 +245,13 @@ var errNotSent = errors.New("not sent: an earlier record of its aggregate failed
 // rest and waits for every acknowledgement, splitting requests the broker
 // refuses as a whole (see Publisher).
 func (p *Publisher) Publish(ctx context.Context, msgs []relay.Message) []error {
+	if p.limits.shared {
+		// One Publish at a time on a shared client: a Flush sends what
+		// the client holds, so two at once would send each other's
+		// records as they are produced, out of the order above.
+		p.limits.publishMu.Lock()
+		defer p.limits.publishMu.Unlock()
+	}
 	errs, send, topics := p.admit(ctx, msgs)
 	var done []int
 	for w, idx := range rounds(msgs, send, topics) {
@@ -385,11 +399,7 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, e
 	if len(idx) == 0 {
 		return
 	}
-	if p.limits.shared {
-		p.produceShared(ctx, msgs, idx, errs)
-	} else {
-		p.produce(ctx, msgs, idx, errs)
-	}
+	p.produce(ctx, msgs, idx, errs)
 	if len(idx) == 1 || ctx.Err() != nil {
 		return
 	}
@@ -428,47 +438,6 @@ func (p *Publisher) produce(ctx context.Context, msgs []relay.Message, idx []int
 		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
 	}
 	wg.Wait()
-}
-
-// produceShared produces the records of msgs at idx on a shared client
-// (NewSharedPublisherClient), where they go out at once, and waits for
-// their results, or for ctx: a Flush or an abort would wait for, or fail,
-// the other outboxes' records too. Those of its records still out when
-// ctx ends fail with ctx's error (whatever the broker makes of them: the
-// relayer sends them again, at least once).
-func (p *Publisher) produceShared(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
-	var mu sync.Mutex
-	settled := make([]bool, len(idx))
-	left, gaveUp := len(idx), false
-	done := make(chan struct{})
-	for k, i := range idx {
-		p.client.Produce(ctx, record(msgs[i], p.source, p.ceHeaders(&msgs[i])), func(_ *kgo.Record, err error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if gaveUp {
-				return
-			}
-			if err != nil {
-				errs[i] = classify(err)
-			}
-			settled[k] = true
-			if left--; left == 0 {
-				close(done)
-			}
-		})
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		mu.Lock()
-		defer mu.Unlock()
-		gaveUp = true
-		for k, i := range idx {
-			if !settled[k] {
-				errs[i] = ctx.Err()
-			}
-		}
-	}
 }
 
 // notBehindFailure returns the records of next whose aggregate has no

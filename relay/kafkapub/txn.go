@@ -171,8 +171,13 @@ type lane struct {
 // transaction without causing the abort.
 var errAborted = fmt.Errorf("not published: %w", relay.ErrAborted)
 
-// Publish sends msgs and the progress record in one transaction.
+// Publish sends msgs and the progress record in one transaction. It
+// gives up after the transaction timeout, by which the broker aborts a
+// transaction left open anyway: the outcome is then unknown to the caller
+// (a fenced client's requests can be retried until then).
 func (l *lane) Publish(ctx context.Context, msgs []relay.Message, progress []byte) ([]error, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.t.cfg.TransactionTimeout)
+	defer cancel()
 	errs, send, _ := l.pub.admit(ctx, msgs)
 	if len(send) < len(msgs) {
 		aborted(errs, send)
