@@ -17,8 +17,8 @@ const (
 
 // ProducerOptions are the franz-go options a producer of outbox records
 // needs (the relayer's, and the consumer's dead-letter producer):
-// idempotent writes (on by default in franz-go: retries keep per-partition
-// order), the murmur2 key partitioner Kafka's Java client uses, no linger
+// idempotent writes (on by default in franz-go; the relay's publisher
+// client turns them off for one request in flight, kafkapub), the murmur2 key partitioner Kafka's Java client uses, no linger
 // (the relayer hands over whole batches and waits), a bounded delivery
 // timeout so an outage surfaces as an error, a batch limit that matches
 // Kafka's default message.max.bytes, and a request for topic auto-creation
