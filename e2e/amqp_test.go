@@ -97,7 +97,7 @@ func TestAMQPRelayerSurvivesTenSIGKILLs(t *testing.T) {
 	committed := <-done
 	require.Eventually(t, func() bool { return pending(t, db) == 0 }, 180*time.Second, 100*time.Millisecond, "outbox did not drain; relayer output:\n%s", p.out.String())
 	p.signal(t, syscall.SIGTERM)
-	require.Equal(t, 0, p.wait(t, 30*time.Second), "SIGTERM exits 0")
+	require.Equal(t, 0, p.wait(t, 30*time.Second), "SIGTERM exits 0; output:\n%s", p.out.String())
 
 	got := readQueue(t, url, ex, 20_000, 120*time.Second)
 	dups := verify(t, committed, got)

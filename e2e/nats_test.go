@@ -96,7 +96,7 @@ func TestNATSRelayerSurvivesTenSIGKILLs(t *testing.T) {
 	committed := <-done
 	require.Eventually(t, func() bool { return pending(t, db) == 0 }, 180*time.Second, 100*time.Millisecond, "outbox did not drain; relayer output:\n%s", p.out.String())
 	p.signal(t, syscall.SIGTERM)
-	require.Equal(t, 0, p.wait(t, 30*time.Second), "SIGTERM exits 0")
+	require.Equal(t, 0, p.wait(t, 30*time.Second), "SIGTERM exits 0; output:\n%s", p.out.String())
 
 	got := natsDelivered(t, js)
 	dups := verify(t, committed, got)
