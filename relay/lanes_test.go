@@ -230,8 +230,6 @@ func TestOrphanLaneAdopted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := context.Background()
-	run(t, b.eosRelayer(t, nil))
-	require.Eventually(t, func() bool { return len(b.lanes(t)) == 1 }, 20*time.Second, 20*time.Millisecond)
 	agg := uuid.New()
 	committed := map[int64]uuid.UUID{}
 	var orphan []int64
@@ -245,6 +243,9 @@ func TestOrphanLaneAdopted(t *testing.T) {
 	_, err = b.db.Pool.Exec(ctx, "INSERT INTO "+relay.LanesIdent(b.db.Tables)+` (lane, owner, epoch, lease_until, seq, ids, aggs)
 		VALUES (9, 'dead', 1, now() - interval '1 second', 1, $1, $2)`, orphan, []uuid.UUID{agg})
 	require.NoError(t, err)
+	// The relayer starts once the orphan is in place: running, it could
+	// have published the orphan's rows itself before they were reserved.
+	run(t, b.eosRelayer(t, nil))
 	for range 3 {
 		committed[b.emit(t, agg, "orphan.placed", map[string]int{})] = agg
 	}
