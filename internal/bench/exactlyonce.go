@@ -235,14 +235,5 @@ func (v *visibility) latencies(ctx context.Context, clock *ackClock, want int64)
 	defer clock.mu.Unlock()
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	out := make([]time.Duration, 0, len(clock.commited))
-	for id, at := range clock.commited {
-		seen, ok := v.seen[id]
-		if !ok {
-			return nil, fmt.Errorf("event %d committed but never visible", id)
-		}
-		out = append(out, max(0, seen.Sub(at)))
-	}
-	slices.Sort(out)
-	return out, nil
+	return sinceCommit(clock.commited, v.seen, "visible")
 }

@@ -124,13 +124,20 @@ func (c *ackClock) committed(id int64, at time.Time) {
 func (c *ackClock) latencies() ([]time.Duration, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]time.Duration, 0, len(c.commited))
-	for id, at := range c.commited {
-		ack, ok := c.acked[id]
+	return sinceCommit(c.commited, c.acked, "acknowledged")
+}
+
+// sinceCommit returns, sorted, how long after its commit each committed
+// event was at (acknowledged, seen), 0 for one at before its commit; an
+// event committed but not in at is an error, saying it was never what.
+func sinceCommit(committed, at map[int64]time.Time, what string) ([]time.Duration, error) {
+	out := make([]time.Duration, 0, len(committed))
+	for id, c := range committed {
+		t, ok := at[id]
 		if !ok {
-			return nil, fmt.Errorf("event %d committed but never acknowledged", id)
+			return nil, fmt.Errorf("event %d committed but never %s", id, what)
 		}
-		out = append(out, max(0, ack.Sub(at)))
+		out = append(out, max(0, t.Sub(c)))
 	}
 	slices.Sort(out)
 	return out, nil
