@@ -122,7 +122,7 @@ func runSteady(ctx context.Context, s *session) (*Result, error) {
 		}
 	}
 	steadyTargets(res)
-	res.note("CPU is each process's user + system time from /proc/PID/stat (10 ms ticks) over the span from the window's start until the reader has taken in its last event; the dev broker and the emitters run in the bench process and are not counted")
+	res.note("CPU is each process's time on a CPU (user + system) from /proc/PID/task/*/schedstat, in nanoseconds, over the span from the window's start until the reader has taken in its last event; the dev broker and the emitters run in the bench process and are not counted")
 	res.note("the rows run one after the other, under whatever else loads the machine (load1 column); CPU per event moves less with load than wall time does")
 	return res, nil
 }
@@ -364,7 +364,7 @@ func (se *steadyEnv) backendCPU(ctx context.Context) map[int]time.Duration {
 	}
 	out := map[int]time.Duration{}
 	for _, pid := range pids {
-		if c, err := cputime.Process(int(pid)); err == nil {
+		if c, err := cputime.Running(int(pid)); err == nil {
 			out[int(pid)] = c
 		}
 	}
@@ -431,7 +431,7 @@ func (rd *steadyReader) pid() int {
 }
 
 func (rd *steadyReader) cpu() (time.Duration, error) {
-	c, err := cputime.Process(rd.pid())
+	c, err := cputime.Running(rd.pid())
 	if err != nil {
 		return 0, fmt.Errorf("read the CPU time of the %s reader: %w", rd.source, err)
 	}

@@ -28,3 +28,20 @@ func TestReadersSeeCPUSpent(t *testing.T) {
 	_, err = cputime.Process(-1)
 	require.Error(t, err, "no such process")
 }
+
+// Running counts in nanoseconds: a spin of 20 ms, two ticks of /proc's
+// stat, shows as about that much.
+func TestRunningSeesMilliseconds(t *testing.T) {
+	run0, err := cputime.Running(os.Getpid())
+	require.NoError(t, err)
+	self0 := cputime.Self()
+	for start := time.Now(); cputime.Self()-self0 < 20*time.Millisecond; {
+		require.Less(t, time.Since(start), 20*time.Second, "Self did not move")
+	}
+	run1, err := cputime.Running(os.Getpid())
+	require.NoError(t, err)
+	require.Greater(t, run1-run0, 10*time.Millisecond)
+
+	_, err = cputime.Running(-1)
+	require.Error(t, err, "no such process")
+}
