@@ -134,8 +134,8 @@ func NewPublisherClient(cfg kafka.ClientConfig) (*kgo.Client, error) {
 // holds, and records of two batches sent as they are produced could
 // overtake a refused record of their aggregate. So one outbox's batch can
 // wait for another's to be acknowledged: a round trip while the cluster is
-// healthy, up to the client's RecordDeliveryTimeout while the other's
-// topic has no leader.
+// healthy, up to the client's RecordDeliveryTimeout while a partition of
+// the other's topic has no leader.
 // Its Publishers must share their MaxMessageBytes, which is the client's.
 // A Publisher that purges a recreated topic makes the others' next
 // records to it wait for the topic's metadata again.
