@@ -129,7 +129,7 @@ func (o *relayOps) check() error {
 // and runs the slot watchdog and WAL-mode cleanup (rows older than
 // --retention whose commit the slot has confirmed). --stuck-after and
 // --max-lag, which read pending rows, do not apply.
-func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, wd ops.WatchdogConfig) (stop func(), err error) {
+func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, lanes *monitor.LaneMetrics, wd ops.WatchdogConfig) (stop func(), err error) {
 	if err := o.check(); err != nil {
 		return nil, err
 	}
@@ -141,7 +141,7 @@ func (o *relayOps) startWAL(ctx context.Context, r *walrelay.Relayer, wd ops.Wat
 		Pool: rc.Pool, Tables: rc.Tables, Source: ops.WAL(rc.Slot), WALFigures: walFigures(r), Logger: rc.Logger,
 		RefreshInterval: o.cfg.RefreshInterval, WatchdogInterval: o.cfg.WatchdogInterval, Watchdog: wd,
 		CleanupInterval: o.cleanupInterval, DisableCleanup: o.cleanupInterval == 0, Cleanup: cleanup,
-		PartitionInterval: o.cfg.PartitionInterval,
+		PartitionInterval: o.cfg.PartitionInterval, Lanes: lanes,
 	}
 	mc.Checks = append(mc.Checks, brokerChecks(rc.Sink)...)
 	mon, err := monitor.New(mc)

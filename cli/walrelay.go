@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/ops"
+	"github.com/pgoutbox/outbox/ops/monitor"
 	"github.com/pgoutbox/outbox/ops/switchover"
 	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/walrelay"
@@ -187,11 +189,13 @@ func runWALRelay(ctx context.Context, o *relayOptions, common relay.Common) erro
 	if cfg.Slot, cfg.Publication, err = o.wal.names(ctx, common.Pool, common.Tables, common.Logger); err != nil {
 		return err
 	}
+	lanes := monitor.NewLaneMetrics()
+	cfg.Hooks = append(slices.Clip(cfg.Hooks), lanes)
 	r, err := walrelay.New(cfg)
 	if err != nil {
 		return err
 	}
-	stopOps, err := o.ops.startWAL(ctx, r, ops.WatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
+	stopOps, err := o.ops.startWAL(ctx, r, lanes, ops.WatchdogConfig{MaxSlotLagBytes: o.wal.maxSlotLagBytes, MaxInactive: o.wal.maxSlotInactive})
 	if err != nil {
 		return err
 	}

@@ -583,6 +583,12 @@ func TestAlertsOnALiveRelay(t *testing.T) {
 				if strings.HasPrefix(n, "outbox_partition") {
 					continue
 				}
+				// outbox_lane_* are served once a relay with
+				// --exactly-once opened a lane: TestWALRelayServesRuleMetrics
+				// and TestExactlyOncePollingRelayServesLaneMetrics read them.
+				if strings.HasPrefix(n, "outbox_lane_") {
+					continue
+				}
 				require.True(t, served(n), "alert %s reads %s, which neither the relay nor the consumer serves", r.Name, n)
 			}
 		}
@@ -750,19 +756,25 @@ func TestWALRelayServesRuleMetrics(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(broker.Close)
 
+	// With --exactly-once: it serves what every WAL relay does, and its
+	// lanes' counters.
 	addr := startOutbox(t, db, "relay", "--mode", "wal", "--brokers", broker.Addr(), "--http", "127.0.0.1:0",
-		"--metrics-refresh", "100ms", "--leader-poll-interval", "100ms", "--cleanup-interval", "1m")
+		"--metrics-refresh", "100ms", "--leader-poll-interval", "100ms", "--cleanup-interval", "1m", "--exactly-once")
 	var metrics string
 	require.Eventually(t, func() bool {
 		metrics = get(t, "http://"+addr+"/metrics")
 		return strings.Contains(metrics, "outbox_wal_leader 1") && strings.Contains(metrics, `outbox_wal_slot_wal_status{status="reserved"} 1`)
 	}, 60*time.Second, 50*time.Millisecond, "the WAL relay never led with a reserved slot:\n%s", metrics)
 	require.Contains(t, metrics, "outbox_wal_slot_active 1")
-	fams := parseFamilies(metrics)
 	checked := 0
+	require.Eventually(t, func() bool {
+		metrics = get(t, "http://"+addr+"/metrics")
+		return strings.Contains(metrics, `outbox_lane_events_total{event="opened"} 1`)
+	}, 60*time.Second, 50*time.Millisecond, "the exactly-once WAL relay never counted its lane opened:\n%s", metrics)
+	fams := parseFamilies(metrics)
 	for _, expr := range ruleExprs(t) {
 		for _, n := range metricNames(expr) {
-			if strings.HasPrefix(n, "outbox_wal_") {
+			if strings.HasPrefix(n, "outbox_wal_") || strings.HasPrefix(n, "outbox_lane_") {
 				require.True(t, fams.serves(n), "a rule reads %s, which the --mode wal relay does not serve", n)
 				checked++
 			}
@@ -779,4 +791,32 @@ func TestWALRelayServesRuleMetrics(t *testing.T) {
 		require.True(t, fams.serves(n), "the --mode wal relay does not serve %s", n)
 	}
 	require.Contains(t, get(t, "http://"+addr+"/readyz"), "database: ok")
+}
+
+// A polling relay with --exactly-once serves its lanes' counters once it
+// has taken a lane, which it does at start: every outbox_lane_ metric the
+// rules read.
+func TestExactlyOncePollingRelayServesLaneMetrics(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, pgtest.Options{MaxConns: 6})
+	broker, err := devkafka.Start(devkafka.Config{Partitions: 1})
+	require.NoError(t, err)
+	t.Cleanup(broker.Close)
+	addr := startOutbox(t, db, "relay", "--brokers", broker.Addr(), "--http", "127.0.0.1:0", "--exactly-once")
+	var metrics string
+	require.Eventually(t, func() bool {
+		metrics = get(t, "http://"+addr+"/metrics")
+		return strings.Contains(metrics, `outbox_lane_events_total{event="opened"} 1`)
+	}, 60*time.Second, 50*time.Millisecond, "the exactly-once relay never counted its lane opened:\n%s", metrics)
+	fams := parseFamilies(metrics)
+	checked := 0
+	for _, expr := range ruleExprs(t) {
+		for _, n := range metricNames(expr) {
+			if strings.HasPrefix(n, "outbox_lane_") {
+				require.True(t, fams.serves(n), "a rule reads %s, which the --exactly-once relay does not serve", n)
+				checked++
+			}
+		}
+	}
+	require.Positive(t, checked, "a rule reads the lanes' counters")
 }

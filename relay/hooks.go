@@ -3,8 +3,8 @@ package relay
 import "fmt"
 
 // Hook observes a source (either relayer): metrics, tracing, alerting. It is any value
-// that implements one or more of BatchHook, PublishFailureHook and
-// BatchErrorHook; New finds out which by type assertion, as franz-go's
+// that implements one or more of BatchHook, PublishFailureHook,
+// BatchErrorHook and LaneHook; New finds out which by type assertion, as franz-go's
 // kgo.Hook and pgx's tracers do, so a hook implements only what it needs
 // and new hook kinds can be added without breaking existing hooks.
 //
@@ -39,6 +39,50 @@ type BatchErrorHook interface {
 	OnBatchError(error)
 }
 
+// LaneHook is called, with Common.ExactlyOnce, on what happens to the
+// source's lanes (see LaneEvent): a relayer opened one, skipped events a
+// lane held already, had a broker transaction aborted, or lost its lane
+// to another relayer. It may be called from another goroutine than the
+// other hooks: keep it safe for concurrent use.
+type LaneHook interface {
+	OnLane(LaneEvent)
+}
+
+// LaneEventKind says what happened to a lane.
+type LaneEventKind string
+
+const (
+	// LaneOpened: the relayer took a lane and opened it, which fences
+	// every earlier holder. With the polling source, Published and
+	// Returned count the rows of the batch the lane was left in flight
+	// with: found in a committed transaction (they stay dispatched), or
+	// not (back to pending).
+	LaneOpened LaneEventKind = "opened"
+	// LaneSkipped (WAL source): Skipped events read again from the slot
+	// were in a transaction the lane committed already, and were not
+	// published again. Reported once the stream has read past them.
+	LaneSkipped LaneEventKind = "skipped"
+	// LaneAborted: a broker transaction was aborted (a record refused, a
+	// timeout); its batch is settled as failed and retried.
+	LaneAborted LaneEventKind = "aborted"
+	// LaneLost: another relayer took the lane (the broker fenced this one,
+	// or its lease was taken); this relayer stepped down, and nothing it
+	// had in flight becomes visible.
+	LaneLost LaneEventKind = "lost"
+)
+
+// LaneEvent is one thing that happened to a lane.
+type LaneEvent struct {
+	Kind LaneEventKind
+	// Lane is the lane's transactional id (Common.LaneID).
+	Lane string
+	// Published, Returned (LaneOpened) and Skipped (LaneSkipped) count
+	// events; see the kinds.
+	Published, Returned, Skipped int64
+	// Err is the error that aborted the transaction or lost the lane.
+	Err error
+}
+
 // PublishFailure is one row that could not be published.
 type PublishFailure struct {
 	// Message is the row. Its Payload is shared with the relayer: read it
@@ -60,6 +104,7 @@ type hooks struct {
 	batch        []BatchHook
 	failure      []PublishFailureHook
 	batchFailure []BatchErrorHook
+	lane         []LaneHook
 }
 
 func sortHooks(hs []Hook) (hooks, error) {
@@ -78,8 +123,11 @@ func sortHooks(hs []Hook) (hooks, error) {
 		if e, ok := hk.(BatchErrorHook); ok {
 			h.batchFailure, known = append(h.batchFailure, e), true
 		}
+		if l, ok := hk.(LaneHook); ok {
+			h.lane, known = append(h.lane, l), true
+		}
 		if !known {
-			return hooks{}, fmt.Errorf("relay: Config.Hooks[%d] (%T) implements none of BatchHook, PublishFailureHook, BatchErrorHook; pass a value that does (for ops metrics, Monitor.Metrics())", i, hk)
+			return hooks{}, fmt.Errorf("relay: Config.Hooks[%d] (%T) implements none of BatchHook, PublishFailureHook, BatchErrorHook, LaneHook; pass a value that does (for ops metrics, Monitor.Metrics())", i, hk)
 		}
 	}
 	return h, nil

@@ -48,6 +48,7 @@ func renderLanes(tables outbox.Tables, claim string) laneStatements {
 type lane struct {
 	n     int
 	epoch int64
+	id    string // the broker lane's transactional id
 	tx    Lane
 	// settled is set when the lane's reservation was published and
 	// committed but is still recorded (laneRenewSQL clears it).
@@ -131,6 +132,7 @@ func (r *Relayer) runLanes(ctx, batchCtx context.Context) error {
 func (r *Relayer) afterLaneError(ln *lane, err error) (cur, prev *lane) {
 	switch {
 	case errors.Is(err, errLaneLost):
+		r.obs.Lane(LaneEvent{Kind: LaneLost, Lane: ln.id, Err: err})
 		r.log.Warn("relay stepping down: another relayer took its lane; nothing it had in flight becomes visible", "lane", ln.n, "epoch", ln.epoch, "err", err)
 		ln.tx.Close()
 		return nil, nil
@@ -185,6 +187,7 @@ func (r *Relayer) takeLane(ctx context.Context, ts TransactionalSink, prev *lane
 		break
 	}
 	if prev != nil && (ln.n != prevN || ln.epoch != prevEpoch+1) { // another relayer held prev meanwhile
+		r.obs.Lane(LaneEvent{Kind: LaneLost, Lane: prev.id, Err: errLaneLost})
 		r.log.Warn("relay stepping down: another relayer took its lane while its last batch's outcome was unknown; that relayer settled the batch, and nothing this one had in flight becomes visible", "lane", prevN, "epoch", prevEpoch, "new_lane", ln.n)
 	}
 	id := r.cfg.LaneID(fmt.Sprint("poll-", ln.n))
@@ -194,10 +197,13 @@ func (r *Relayer) takeLane(ctx context.Context, ts TransactionalSink, prev *lane
 		return nil, fmt.Errorf("open lane %s: %w", id, err)
 	}
 	ln.tx = tx
-	if err := r.recoverLane(ctx, ln, progress); err != nil {
+	published, returned, err := r.recoverLane(ctx, ln, progress)
+	if err != nil {
 		tx.Close()
 		return nil, err
 	}
+	ln.id = id
+	r.obs.Lane(LaneEvent{Kind: LaneOpened, Lane: id, Published: published, Returned: returned})
 	r.log.Info("relay took a lane", "lane", ln.n, "epoch", ln.epoch, "transactional_id", id, "adopted", adopt)
 	return ln, nil
 }
@@ -206,46 +212,49 @@ func (r *Relayer) takeLane(ctx context.Context, ts TransactionalSink, prev *lane
 // progress its last committed broker transaction recorded: a reservation
 // numbered up to it reached the broker, and its rows stay dispatched; a
 // later one did not, and its rows return to pending. Then the lane has no
-// reservation.
-func (r *Relayer) recoverLane(ctx context.Context, ln *lane, progress []byte) error {
+// reservation. It returns how many of the reservation's rows were
+// published and how many it returned to pending.
+func (r *Relayer) recoverLane(ctx context.Context, ln *lane, progress []byte) (published, returned int64, err error) {
 	var p laneProgress
 	if progress != nil {
 		if err := json.Unmarshal(progress, &p); err != nil {
-			return fmt.Errorf("lane %d: its progress record %q is not this relayer's ({\"seq\": N}): is TransactionalID shared with another program? Give this outbox its own", ln.n, clipBytes(progress))
+			return 0, 0, fmt.Errorf("lane %d: its progress record %q is not this relayer's ({\"seq\": N}): is TransactionalID shared with another program? Give this outbox its own", ln.n, clipBytes(progress))
 		}
 	}
 	tx, err := r.cfg.Pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("recover lane %d: %w", ln.n, err)
+		return 0, 0, fmt.Errorf("recover lane %d: %w", ln.n, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after commit
 	var seq int64
 	var ids []int64
 	if err := tx.QueryRow(ctx, r.lanes.lock, ln.n, ln.epoch).Scan(&seq, &ids); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("recover lane %d: %w", ln.n, errLaneLost)
+			return 0, 0, fmt.Errorf("recover lane %d: %w", ln.n, errLaneLost)
 		}
-		return fmt.Errorf("recover lane %d: %w", ln.n, err)
+		return 0, 0, fmt.Errorf("recover lane %d: %w", ln.n, err)
 	}
-	returned := int64(0)
 	if len(ids) > 0 && p.Seq < seq {
 		tag, err := tx.Exec(ctx, r.lanes.ret, ids)
 		if err != nil {
-			return fmt.Errorf("recover lane %d: return %d rows to pending: %w", ln.n, len(ids), err)
+			return 0, 0, fmt.Errorf("recover lane %d: return %d rows to pending: %w", ln.n, len(ids), err)
 		}
 		returned = tag.RowsAffected()
 	}
 	if _, err := tx.Exec(ctx, r.lanes.renew, ln.n, ln.epoch, r.cfg.LaneLease.Microseconds()); err != nil {
-		return fmt.Errorf("recover lane %d: %w", ln.n, err)
+		return 0, 0, fmt.Errorf("recover lane %d: %w", ln.n, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("recover lane %d: %w", ln.n, err)
+		return 0, 0, fmt.Errorf("recover lane %d: %w", ln.n, err)
+	}
+	if p.Seq >= seq {
+		published = int64(len(ids))
 	}
 	if len(ids) > 0 {
 		r.log.Info("relay recovered a lane's batch in flight", "lane", ln.n, "reservation", seq, "progress", p.Seq,
 			"published", p.Seq >= seq, "rows", len(ids), "returned_to_pending", returned)
 	}
-	return nil
+	return published, returned, nil
 }
 
 func clipBytes(b []byte) []byte { return b[:min(len(b), 100)] }
@@ -336,6 +345,7 @@ func (r *Relayer) laneBatch(ctx context.Context, ln *lane, size int) (BatchResul
 		case err == nil:
 			ln.settled = true
 		case errors.Is(err, ErrAborted):
+			r.obs.Lane(LaneEvent{Kind: LaneAborted, Lane: ln.id, Err: err})
 			var more []Hold
 			if perrs, more, err = r.laneAborted(ctx, ln, send, perrs); err != nil {
 				return res, false, err

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/pgoutbox/outbox/internal/kafkatest"
+	"github.com/pgoutbox/outbox/internal/testhook"
 	"github.com/pgoutbox/outbox/internal/testlog"
 	"github.com/pgoutbox/outbox/kafka"
 	"github.com/pgoutbox/outbox/relay"
@@ -147,7 +148,8 @@ func TestLaneRecoveryByProgress(t *testing.T) {
 				}
 			}))
 			require.NoError(t, err)
-			r := b.eosRelayer(t, nil)
+			hook := &testhook.Lanes{}
+			r := b.eosRelayer(t, func(c *relay.Config) { c.Hooks = []relay.Hook{hook} })
 			if published {
 				l, _, err := b.txPublisher(t).OpenLane(ctx, r.Config().LaneID("poll-1"))
 				require.NoError(t, err)
@@ -166,6 +168,14 @@ func TestLaneRecoveryByProgress(t *testing.T) {
 			}, 20*time.Second, 20*time.Millisecond, "the relayer should take lane 1 and settle its reservation")
 			b.waitDrained(t, 20*time.Second)
 			b.readOnce(t, committed, topic)
+			// The hooks are told how the reservation was settled.
+			opened := hook.Of(relay.LaneOpened)
+			require.NotEmpty(t, opened)
+			want := relay.LaneEvent{Kind: relay.LaneOpened, Lane: r.Config().LaneID("poll-1"), Returned: int64(len(ids))}
+			if published {
+				want.Published, want.Returned = int64(len(ids)), 0
+			}
+			require.Equal(t, want, opened[0])
 		})
 	}
 }
@@ -178,7 +188,11 @@ func TestLaneLostStepsDown(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var logs testlog.Buffer
-	r := b.eosRelayer(t, func(c *relay.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	hook := &testhook.Lanes{}
+	r := b.eosRelayer(t, func(c *relay.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.Hooks = []relay.Hook{hook}
+	})
 	run(t, r)
 	first := b.emitSpread(t, 20, 4, "stepdown.placed")
 	b.waitDrained(t, 20*time.Second)
@@ -187,6 +201,11 @@ func TestLaneLostStepsDown(t *testing.T) {
 	second := b.emitSpread(t, 20, 4, "stepdown.placed")
 	b.waitDrained(t, 20*time.Second)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "relay stepping down") }, 10*time.Second, 20*time.Millisecond)
+	lost := hook.Of(relay.LaneLost)
+	require.Len(t, lost, 1, "the hooks are told the lane was lost")
+	require.Equal(t, r.Config().LaneID("poll-1"), lost[0].Lane)
+	require.ErrorContains(t, lost[0].Err, "lost its lane")
+	require.Len(t, hook.Of(relay.LaneOpened), 2, "the lane it started with, and the one it took after")
 	for id, agg := range second {
 		first[id] = agg
 	}
@@ -308,9 +327,13 @@ func TestLanePoisonRowHeld(t *testing.T) {
 	for i := range 6 {
 		committed[b.emit(t, other, "lanepoison.placed", map[string]int{"n": i})] = other
 	}
-	run(t, b.eosRelayer(t, nil))
+	hook := &testhook.Lanes{}
+	run(t, b.eosRelayer(t, func(c *relay.Config) { c.Hooks = []relay.Hook{hook} }))
 	require.Eventually(t, func() bool { return b.pending(t) == 2 }, 30*time.Second, 20*time.Millisecond)
 	require.Equal(t, []int64{bad, behind}, b.pendingIDs(t))
+	aborted := hook.Of(relay.LaneAborted)
+	require.NotEmpty(t, aborted, "the hooks are told of the aborted transaction")
+	require.ErrorIs(t, aborted[0].Err, relay.ErrAborted)
 	holds := b.holds(t)
 	require.Len(t, holds, 1)
 	require.Equal(t, bad, holds[0].EventID)

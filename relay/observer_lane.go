@@ -21,3 +21,10 @@ func (o *Observer) PublishLane(ctx context.Context, lane Lane, msgs []Message, p
 	endSpan(errs, err)
 	return errs, err
 }
+
+// Lane reports what happened to a lane to every LaneHook.
+func (o *Observer) Lane(ev LaneEvent) {
+	for _, l := range o.hooks.lane {
+		l.OnLane(ev)
+	}
+}

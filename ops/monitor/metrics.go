@@ -38,6 +38,8 @@ type Metrics struct {
 
 	cleanupDeleted *prometheus.CounterVec
 	cleanupLast    prometheus.Gauge
+
+	lanes *LaneMetrics
 }
 
 // Metrics observe every batch, failure and failed batch of a relayer.
@@ -45,6 +47,7 @@ var (
 	_ relay.BatchHook          = (*Metrics)(nil)
 	_ relay.PublishFailureHook = (*Metrics)(nil)
 	_ relay.BatchErrorHook     = (*Metrics)(nil)
+	_ relay.LaneHook           = (*Metrics)(nil)
 )
 
 // Label values of outbox_publish_errors_total that are not the sink's
@@ -121,6 +124,8 @@ func NewMetrics() *Metrics {
 		Help: "Rows deleted by retention cleanup, by table (outbox, processed).",
 	}, []string{"table"})).(*prometheus.CounterVec)
 	m.cleanupLast = gauge("outbox_cleanup_last_success_timestamp_seconds", "Unix time of the last cleanup this process completed.")
+	m.lanes = NewLaneMetrics()
+	f(m.lanes)
 	return m
 }
 
@@ -170,6 +175,10 @@ func (m *Metrics) OnBatch(res relay.BatchResult) {
 		m.latency.Observe(l.Seconds())
 	}
 }
+
+// OnLane counts what happened to a lane with --exactly-once (see
+// LaneMetrics); it is a relay.LaneHook.
+func (m *Metrics) OnLane(ev relay.LaneEvent) { m.lanes.OnLane(ev) }
 
 // SetLag sets the pending, stuck and lag gauges, and the SLO flag.
 func (m *Metrics) SetLag(l ops.Lag, maxLag time.Duration) {

@@ -41,6 +41,10 @@ type Config struct {
 	// (required there; unused for polling, whose relayer feeds Metrics
 	// through its hooks).
 	WALFigures func() WALFigures
+	// Lanes are the WAL relayer's lane counters (exactly-once), when it
+	// has them in its Config.Hooks: they are served with the rest. The
+	// polling source's Metrics have their own.
+	Lanes *LaneMetrics
 	// RefreshInterval is how often the gauges are read (one query over
 	// the pending rows, or over pg_replication_slots). Defaults to
 	// DefaultRefreshInterval (5s).
@@ -190,6 +194,9 @@ func New(cfg Config) (*Monitor, error) {
 		m.log = m.log.With("slot", cfg.Source.Slot())
 		m.reg = prometheus.NewRegistry()
 		m.wal = registerWAL(m.reg, cfg.WALFigures)
+		if cfg.Lanes != nil {
+			m.reg.MustRegister(cfg.Lanes)
+		}
 	} else {
 		m.metrics = NewMetrics()
 		m.reg = m.metrics.Registry()

@@ -89,6 +89,8 @@ type laneState struct {
 	tx      pglogrepl.LSN
 	n       int64
 	skipped int64
+	// reported is set once skipped went to the hooks (relay.LaneSkipped).
+	reported bool
 	// pos holds the positions of the stream's queue, item for item.
 	pos []position
 }
@@ -113,18 +115,31 @@ func (ls *laneState) admit(r *Relayer, id int64) bool {
 	ls.n++
 	p := position{LSN: ls.tx, N: ls.n, ID: id}
 	if p.after(ls.committed) {
+		ls.reportSkipped(r)
 		ls.pos = append(ls.pos, p)
 		return true
 	}
 	ls.skipped++
+	r.skipped.Add(1)
 	if p.LSN == ls.committed.LSN && p.N == ls.committed.N {
 		if p.ID != ls.committed.ID {
 			r.log.Error("wal relay: the event at the lane's progress has another id than the progress recorded: the progress may come from another stream (another outbox on the same transactional id?)", "lsn", p.LSN.String(), "n", p.N, "id", p.ID, "progress_id", ls.committed.ID)
 		}
-		r.log.Info("wal relay caught up with the lane's progress: the events read again up to it were skipped", "skipped", ls.skipped)
+		ls.reportSkipped(r)
 	}
-	r.skipped.Add(1)
 	return false
+}
+
+// reportSkipped logs and reports to the hooks, once, the events skipped
+// so far: the stream has read up to the lane's progress (or past it, when
+// the slot had confirmed beyond its last events).
+func (ls *laneState) reportSkipped(r *Relayer) {
+	if ls.reported || ls.skipped == 0 {
+		return
+	}
+	ls.reported = true
+	r.log.Info("wal relay caught up with the lane's progress: the events read again up to it were skipped", "skipped", ls.skipped)
+	r.obs.Lane(relay.LaneEvent{Kind: relay.LaneSkipped, Lane: ls.id, Skipped: ls.skipped})
 }
 
 // openLane opens the slot's lane, fencing the previous leader's, and reads
@@ -144,6 +159,7 @@ func (r *Relayer) openLane(ctx context.Context) (*laneState, error) {
 		lane.Close()
 		return nil, err
 	}
+	r.obs.Lane(relay.LaneEvent{Kind: relay.LaneOpened, Lane: id})
 	r.log.Info("wal relay opened its lane: events up to its progress are published already and are skipped", "lane", id, "progress_lsn", committed.LSN.String(), "progress_n", committed.N, "progress_id", committed.ID)
 	return &laneState{lane: lane, id: id, committed: committed}, nil
 }
@@ -165,6 +181,9 @@ func (r *Relayer) streamExactlyOnce(ctx, runCtx context.Context, db outbox.DB) e
 				err = r.stream(ctx, runCtx, start, ls)
 			}
 			ls.lane.Close()
+			if errors.Is(err, relay.ErrFenced) {
+				r.obs.Lane(relay.LaneEvent{Kind: relay.LaneLost, Lane: ls.id, Err: err})
+			}
 			if err != nil && !errors.Is(err, errLaneUnknown) {
 				return err
 			}
@@ -194,7 +213,7 @@ func (r *Relayer) streamExactlyOnce(ctx, runCtx context.Context, db outbox.DB) e
 // UnknownTopicGrace, as settle does. An abort that blames no record
 // backs off and tries again. Any other error is returned: the outcome is
 // unknown (errLaneUnknown), or the lane lost (relay.ErrFenced).
-func (r *Relayer) settleLane(ctx, runCtx context.Context, lane relay.Lane, items []item, progress []byte) error {
+func (r *Relayer) settleLane(ctx, runCtx context.Context, ls *laneState, items []item, progress []byte) error {
 	r.checkContracts(items)
 	sleepCtx, stopSleep := context.WithCancel(ctx)
 	defer stopSleep()
@@ -202,7 +221,7 @@ func (r *Relayer) settleLane(ctx, runCtx context.Context, lane relay.Lane, items
 	var unknownSince map[int64]time.Time
 	for failures := 0; ctx.Err() == nil; {
 		var err error
-		items, err = r.laneRound(ctx, lane, items, progress, &unknownSince)
+		items, err = r.laneRound(ctx, ls.lane, items, progress, &unknownSince)
 		if err == nil {
 			r.batches.Add(1)
 			return nil
@@ -210,6 +229,7 @@ func (r *Relayer) settleLane(ctx, runCtx context.Context, lane relay.Lane, items
 		if !errors.Is(err, relay.ErrAborted) {
 			return err
 		}
+		r.obs.Lane(relay.LaneEvent{Kind: relay.LaneAborted, Lane: ls.id, Err: err})
 		if errors.Is(err, errBlamed) {
 			continue // the culprits are parked in the next round
 		}

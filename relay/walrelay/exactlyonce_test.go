@@ -19,7 +19,9 @@ import (
 
 	"github.com/pgoutbox/outbox"
 	"github.com/pgoutbox/outbox/internal/kafkatest"
+	"github.com/pgoutbox/outbox/internal/testhook"
 	"github.com/pgoutbox/outbox/kafka"
+	"github.com/pgoutbox/outbox/relay"
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 	"github.com/pgoutbox/outbox/relay/walrelay"
 )
@@ -133,19 +135,33 @@ func TestExactlyOnceSkipsWhatTheLaneHolds(t *testing.T) {
 	stop()
 	require.Zero(t, r1.Skipped())
 
-	// The slot as if the confirmation never reached the server.
-	_, err = b.db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, b.slot)
-	require.NoError(t, err)
+	// The slot as if the confirmation never reached the server. The
+	// stopped relayer's walsender may not have noticed yet that its
+	// client left: the slot is active until then.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err = b.db.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, b.slot)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	require.NoError(t, err, "drop the slot")
 	_, err = b.db.Pool.Exec(ctx, `SELECT pg_copy_logical_replication_slot($1, $2)`, saved, b.slot)
 	require.NoError(t, err)
 
 	log := &syncBuffer{}
-	r2 := b.txRelayer(t, log, small)
+	hook := &testhook.Lanes{}
+	r2 := b.txRelayer(t, log, func(cfg *walrelay.Config) {
+		small(cfg)
+		cfg.Hooks = []relay.Hook{hook}
+	})
 	run(t, r2)
 	second := b.emitTxs(t, 4, 5, aggs)
 	require.Eventually(t, func() bool { return r2.Stats().Dispatched == int64(len(second)) }, 20*time.Second, 20*time.Millisecond)
 	require.Equal(t, int64(len(first)), r2.Skipped(), "every event of the first run is read again and skipped")
 	require.Contains(t, log.String(), "caught up with the lane's progress")
+	require.Equal(t, []relay.LaneEvent{{Kind: relay.LaneSkipped, Lane: r2.Config().LaneID("wal/" + b.slot), Skipped: int64(len(first))}},
+		hook.Of(relay.LaneSkipped), "the hooks are told once how many were skipped")
+	require.Len(t, hook.Of(relay.LaneOpened), 1)
 	b.committedOnce(t, append(first, second...))
 }
 
@@ -157,7 +173,8 @@ func TestExactlyOnceFencedLeaderStepsDown(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	log := &syncBuffer{}
-	r := b.txRelayer(t, log, nil)
+	hook := &testhook.Lanes{}
+	r := b.txRelayer(t, log, func(cfg *walrelay.Config) { cfg.Hooks = []relay.Hook{hook} })
 	run(t, r)
 	waitLeading(t, r)
 	aggs := []uuid.UUID{uuid.New(), uuid.New()}
@@ -177,6 +194,10 @@ func TestExactlyOnceFencedLeaderStepsDown(t *testing.T) {
 	require.Eventually(t, func() bool { return r.Stats().Dispatched == int64(len(ids)) }, 20*time.Second, 20*time.Millisecond)
 	t.Logf("the fenced holder's later publish: %v", err)
 	b.committedOnce(t, ids)
+	lost := hook.Of(relay.LaneLost)
+	require.Len(t, lost, 1, "the hooks are told the lane was lost")
+	require.ErrorIs(t, lost[0].Err, relay.ErrFenced)
+	require.Len(t, hook.Of(relay.LaneOpened), 2, "opened, then opened again after the other holder")
 }
 
 // Faults of the transaction protocol on the broker (the coordinator

@@ -343,7 +343,7 @@ func (st *streamer) publish(b batch) {
 func (st *streamer) publisher() {
 	for b := range st.out {
 		if st.ls != nil {
-			b.err = st.r.settleLane(st.pubCtx, st.runCtx, st.ls.lane, b.items, b.progress)
+			b.err = st.r.settleLane(st.pubCtx, st.runCtx, st.ls, b.items, b.progress)
 			b.ok = b.err == nil
 			st.done <- b
 			st.wake()
