@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,9 +29,11 @@ import (
 // to pending. See sql.go for how other lanes keep off the aggregates of a
 // reservation in flight.
 
-// laneStatements are the exactly-once relayer's statements, rendered.
+// laneStatements are the exactly-once relayer's statements, rendered,
+// and (orphans, live) those of a relayer without it.
 type laneStatements struct {
 	claim, timeout, renew, reserve, take, create, lock, release, ret string
+	orphans, live                                                    string
 }
 
 func renderLanes(tables outbox.Tables, claim string) laneStatements {
@@ -39,7 +42,8 @@ func renderLanes(tables outbox.Tables, claim string) laneStatements {
 		renew: render(laneRenewSQL, tables), reserve: render(laneReserveSQL, tables),
 		take: render(laneTakeSQL, tables), create: render(laneCreateSQL, tables),
 		lock: render(laneLockSQL, tables), release: render(laneReleaseSQL, tables),
-		ret: render(laneReturnSQL, tables),
+		ret: render(laneReturnSQL, tables), orphans: render(laneOrphansSQL, tables),
+		live: render(laneLiveSQL, tables),
 	}
 }
 
@@ -528,4 +532,96 @@ func (r *Relayer) laneAborted(ctx context.Context, ln *lane, send []Message, per
 		return nil, nil, fmt.Errorf("settle an aborted batch: %w: %w", errOutcomeUnknown, err)
 	}
 	return errs, holds, nil
+}
+
+// orphanLaneInterval is how often a relayer without ExactlyOnce looks for
+// reservations that exactly-once relayers left behind.
+const orphanLaneInterval = time.Minute
+
+// watchOrphanLanes starts, on wg, what a relayer without ExactlyOnce
+// runs beside its loop until ctx ends or stop is called. Exactly-once
+// relayers mark a batch's rows dispatched before they publish it, and
+// only their lane's next holder can tell whether it reached the broker;
+// with the outbox's relays switched off exactly-once after one of them
+// died, no one would, and the rows would stay dispatched, unpublished. So
+// this relayer, at start and every orphanLaneInterval, returns the rows
+// of any reservation whose lease ran out to pending (a batch that did
+// reach the broker is then sent again, which at-least-once allows). At
+// start it also warns about exactly-once relayers at work on the same
+// outbox: the two kinds do not see each other's batches in flight, and a
+// later event of an aggregate can overtake an earlier one.
+func (r *Relayer) watchOrphanLanes(ctx context.Context, wg *sync.WaitGroup) (stop func()) {
+	ctx, stop = context.WithCancel(ctx)
+	wg.Go(func() {
+		r.warnLiveLanes(ctx)
+		for {
+			r.returnOrphanLanes(ctx)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(orphanLaneInterval):
+			}
+		}
+	})
+	return stop
+}
+
+func (r *Relayer) warnLiveLanes(ctx context.Context) {
+	rows, err := r.cfg.Pool.Query(ctx, r.lanes.live)
+	if err != nil {
+		return // the next claim reports a database that is down
+	}
+	owners, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (string, error) {
+		var lane int
+		var owner string
+		err := row.Scan(&lane, &owner)
+		return fmt.Sprintf("lane %d: %s", lane, owner), err
+	})
+	if err == nil && len(owners) > 0 {
+		r.log.Warn("relay without exactly-once started while relayers with it hold lanes of this outbox: the two kinds do not see each other's batches in flight, so a later event of an aggregate can overtake an earlier one; run every replica with the same setting", "lanes", owners)
+	}
+}
+
+// orphanLane is a lane whose expired reservation a relayer without
+// ExactlyOnce cleared, and the rows it returned to pending.
+type orphanLane struct {
+	lane     int
+	ids      []int64
+	returned int64
+}
+
+// returnOrphanLanes returns the rows of expired reservations to pending,
+// in one transaction, and logs what it returned.
+func (r *Relayer) returnOrphanLanes(ctx context.Context) {
+	var orphans []orphanLane
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, r.lanes.orphans)
+		if err != nil {
+			return err
+		}
+		orphans, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (orphanLane, error) {
+			var o orphanLane
+			return o, row.Scan(&o.lane, &o.ids)
+		})
+		if err != nil {
+			return err
+		}
+		for i := range orphans {
+			tag, err := tx.Exec(ctx, r.lanes.ret, orphans[i].ids)
+			if err != nil {
+				return err
+			}
+			orphans[i].returned = tag.RowsAffected()
+		}
+		return nil
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("relay could not check for reservations exactly-once relayers left; it tries again", "err", err, "retry_in", orphanLaneInterval)
+		}
+		return
+	}
+	for _, o := range orphans {
+		r.log.Warn("relay returned to pending the rows an exactly-once relayer left reserved (its lease ran out): they are sent again, and any it had published arrive twice", "lane", o.lane, "rows", len(o.ids), "returned_to_pending", o.returned)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -339,4 +340,44 @@ func TestLanePoisonRowHeld(t *testing.T) {
 	require.Equal(t, bad, holds[0].EventID)
 	require.Equal(t, relay.ReasonTooLarge, holds[0].Reason)
 	b.readOnce(t, committed, "lanepoison")
+}
+
+// Exactly-once switched off after a relayer with it died mid-batch: its
+// reservation's rows are marked dispatched and only a lane's next holder
+// could tell whether they reached the broker. A relayer without
+// exactly-once returns them to pending (at-least-once: sent again), and
+// bumps the lane's epoch so that its holder, back, steps down. A lane
+// whose lease still runs is left to its holder, and the relayer warns that
+// replicas with and without exactly-once are mixed.
+func TestRelayerWithoutExactlyOnceReturnsOrphanedReservations(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	orphaned := b.emitSpread(t, 40, 4, "orphaned.placed")
+	live := b.emitSpread(t, 10, 2, "stillheld.placed")
+	reserve := func(lane int, lease string, rows map[int64]uuid.UUID) {
+		ids := slices.Sorted(maps.Keys(rows))
+		_, err := b.db.Pool.Exec(ctx, "UPDATE "+b.db.Tables.OutboxIdent()+" SET dispatched_at = '2000-01-01' WHERE id = ANY($1)", ids)
+		require.NoError(t, err)
+		_, err = b.db.Pool.Exec(ctx, "INSERT INTO "+relay.LanesIdent(b.db.Tables)+` (lane, owner, epoch, lease_until, seq, ids, aggs)
+			VALUES ($1, $2, 7, now() + $3::interval, 3, $4, '{}')`, lane, fmt.Sprint("host-", lane, "/1"), lease, ids)
+		require.NoError(t, err)
+	}
+	reserve(1, "-1 second", orphaned)
+	reserve(2, "1 hour", live)
+	var logs testlog.Buffer
+	run(t, b.relayer(t, func(c *relay.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }))
+
+	b.waitDrained(t, 20*time.Second)
+	b.readOnce(t, orphaned, "orphaned")
+	ls := b.lanes(t)
+	require.Len(t, ls, 2)
+	require.Equal(t, laneRow{lane: 1, epoch: 8, seq: 3, ids: []int64{}}, ls[0], "the orphan's reservation cleared, its epoch one up")
+	require.Equal(t, int64(7), ls[1].epoch, "a lane whose lease runs is its holder's")
+	require.Len(t, ls[1].ids, len(live))
+	var untouched int
+	require.NoError(t, b.db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+b.db.Tables.OutboxIdent()+" WHERE dispatched_at = '2000-01-01'").Scan(&untouched))
+	require.Equal(t, len(live), untouched, "the live lane's rows stay as its holder left them")
+	require.Contains(t, logs.String(), "returned to pending the rows an exactly-once relayer left reserved")
+	require.Contains(t, logs.String(), "lane 2: host-2/1", "the mix of replicas is named")
 }

@@ -333,6 +333,7 @@ func (r *Relayer) Run(ctx context.Context) error {
 	if r.cfg.ExactlyOnce {
 		return r.runLanes(ctx, batchCtx)
 	}
+	defer r.watchOrphanLanes(ctx, &wg)()
 
 	r.log.Info("relay started", "batch_size", r.cfg.BatchSize, "poll_interval", r.cfg.PollInterval, "busy_poll_interval", r.cfg.BusyPollInterval, "poll_only", r.cfg.PollOnly)
 	defer r.log.Info("relay stopped")

@@ -346,7 +346,23 @@ const laneReleaseSQL = `UPDATE {{lanes}} SET lease_until = now() WHERE lane = $1
 // broker to pending; served by the primary key.
 const laneReturnSQL = `UPDATE {{outbox}} SET dispatched_at = NULL WHERE id = ANY($1::bigint[]) AND dispatched_at IS NOT NULL`
 
+// laneOrphansSQL, run by relayers without exactly-once, clears the
+// reservations of the lanes whose lease ran out (their exactly-once
+// relayer died, or the outbox's relays were switched off exactly-once
+// since), with the epoch one up so that a holder that comes back steps
+// down, and returns each cleared lane and its reserved ids, for
+// laneReturnSQL. A lane another session holds locked is left to it.
+const laneOrphansSQL = `UPDATE {{lanes}} l SET epoch = l.epoch + 1, ids = NULL, aggs = NULL
+FROM (SELECT lane, ids FROM {{lanes}} WHERE ids IS NOT NULL AND lease_until < now() FOR UPDATE SKIP LOCKED) o
+WHERE l.lane = o.lane
+RETURNING l.lane, o.ids`
+
+// laneLiveSQL lists the lanes whose lease runs: the exactly-once relayers
+// at work on the outbox, by owner.
+const laneLiveSQL = `SELECT lane, owner FROM {{lanes}} WHERE lease_until >= now() ORDER BY lane`
+
 var _ = sqltext.Register("relay", map[string]string{
+	"laneOrphansSQL": laneOrphansSQL, "laneLiveSQL": laneLiveSQL,
 	"claimLanesSQL": claimLanesSQL, "claimBinaryLanesSQL": claimBinaryLanesSQL,
 	"claimPartitionedLanesSQL": claimPartitionedLanesSQL, "claimBinaryPartitionedLanesSQL": claimBinaryPartitionedLanesSQL,
 	"laneTimeoutSQL": laneTimeoutSQL,
