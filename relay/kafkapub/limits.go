@@ -48,6 +48,9 @@ type topicLimits struct {
 	// Publishers publish one at a time (publishMu).
 	shared    bool
 	publishMu sync.Mutex
+	// partitioned marks a client with partitionHook: Publishers wait for
+	// their records to be partitioned before they flush (see produce).
+	partitioned bool
 
 	mu sync.Mutex
 	// override, when positive, is the limit of every topic (NewPublisher).

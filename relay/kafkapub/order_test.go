@@ -2,6 +2,9 @@ package kafkapub_test
 
 import (
 	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,4 +68,72 @@ func TestRefusedRequestLetsNoLaterRecordOfItsAggregateThrough(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The first batch to a topic the client does not know yet: its records
+// wait for the topic's metadata, then the client puts them in their
+// partitions' buffers one by one. A Flush running meanwhile sends the
+// first few at once; when the broker refuses that request for good, the
+// client fails only what the buffers held then, and the rest, sent later,
+// can be acknowledged behind refused records of their aggregates (seen in
+// CI, under load). So the publisher starts its Flush only once every
+// record is in its buffer: the client's "flushing" log line comes after
+// the last record was partitioned, at every Flush.
+func TestFlushStartsOnceEveryRecordIsPartitioned(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		newClient func(kafka.ClientConfig) (*kgo.Client, error)
+	}{
+		{"own client", kafkapub.NewPublisherClient},
+		{"shared client", kafkapub.NewSharedPublisherClient},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, err := devkafka.Start(devkafka.Config{Partitions: 6})
+			require.NoError(t, err)
+			t.Cleanup(b.Close)
+			w := &flushWatch{}
+			cl, err := tc.newClient(kafka.ClientConfig{Brokers: []string{b.Addr()}, Opts: []kgo.Opt{
+				kgo.RecordDeliveryTimeout(10 * time.Second), kgo.WithHooks(w), kgo.WithLogger(w),
+			}})
+			require.NoError(t, err)
+			t.Cleanup(cl.Close)
+			pub := kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{})
+			var batch []relay.Message
+			for i := range 600 {
+				batch = append(batch, msg(int64(i+1), uuid.New(), "fresh", 100))
+			}
+			for _, err := range pub.Publish(context.Background(), batch) {
+				require.NoError(t, err)
+			}
+			require.Equal(t, []int64{600}, w.flushes(), "records partitioned when each Flush began")
+		})
+	}
+}
+
+// flushWatch counts the records a client partitioned and notes the count
+// at each "flushing" line the client logs.
+type flushWatch struct {
+	partitioned atomic.Int64
+	mu          sync.Mutex
+	atFlush     []int64
+}
+
+func (w *flushWatch) OnProduceRecordPartitioned(*kgo.Record, int32) { w.partitioned.Add(1) }
+
+func (w *flushWatch) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+
+func (w *flushWatch) Log(_ kgo.LogLevel, msg string, _ ...any) {
+	if msg == "flushing" {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.atFlush = append(w.atFlush, w.partitioned.Load())
+	}
+}
+
+func (w *flushWatch) flushes() []int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.atFlush)
 }

@@ -149,7 +149,7 @@ func newPublisherClient(cfg kafka.ClientConfig, shared bool) (*kgo.Client, error
 		return nil, err
 	}
 	lim := newTopicLimits()
-	lim.shared = shared
+	lim.shared, lim.partitioned = shared, true
 	// Records go out only at a Flush, one produce request in flight per
 	// broker, without idempotence (which keeps up to five in flight). A
 	// partition's records that fill more than one request then go one
@@ -158,11 +158,15 @@ func newPublisherClient(cfg kafka.ClientConfig, shared bool) (*kgo.Client, error
 	// partition's remaining records with it: none of them can be
 	// acknowledged ahead of the refused one, and overtake it. With
 	// several requests in flight the broker refused one and accepted the
-	// next (seen under load). A retry after a lost response can then write
-	// a record twice, which at-least-once allows; TxPublisher's lanes keep
-	// idempotence, which transactions need, and abort whole on a failure.
+	// next (seen under load). That holds for the records in the
+	// partition's buffer when the refusal comes back, so a Flush starts
+	// only once all of a batch's records are there (partitionHook). A
+	// retry after a lost response can then write a record twice, which
+	// at-least-once allows; TxPublisher's lanes keep idempotence, which
+	// transactions need, and abort whole on a failure.
 	own := append(kafka.ProducerOptions(), kgo.ProducerBatchMaxBytesFn(lim.batchMaxBytes),
-		kgo.ManualFlushing(), kgo.DisableIdempotentWrite(), kgo.MaxProduceRequestsInflightPerBroker(1))
+		kgo.ManualFlushing(), kgo.DisableIdempotentWrite(), kgo.MaxProduceRequestsInflightPerBroker(1),
+		kgo.WithHooks(partitionHook{}))
 	client, err := kgo.NewClient(append(own, opts...)...)
 	if err != nil {
 		return nil, err
@@ -422,24 +426,88 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, e
 }
 
 // produce produces the records of msgs at idx on the publisher's own
-// client, flushes it and waits for every result.
+// client, flushes it once every record is in its partition's buffer
+// (on a client of newPublisherClient) and waits for every result.
 func (p *Publisher) produce(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
-	var wg sync.WaitGroup
+	var wg, parted sync.WaitGroup
 	wg.Add(len(idx))
-	for _, i := range idx {
-		p.client.Produce(ctx, record(msgs[i], p.source, p.ceHeaders(&msgs[i])), func(_ *kgo.Record, err error) {
+	var rctx []recordContext // one allocation for the batch, not one per record
+	if p.limits.partitioned {
+		parted.Add(len(idx))
+		rctx = make([]recordContext, len(idx))
+	}
+	for j, i := range idx {
+		rec := record(msgs[i], p.source, p.ceHeaders(&msgs[i]))
+		var part *partitionedRecord
+		if rctx != nil {
+			rctx[j] = recordContext{Context: ctx, part: partitionedRecord{wg: &parted}}
+			part, rec.Context = &rctx[j].part, &rctx[j]
+		}
+		p.client.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 			if err != nil {
 				errs[i] = classify(err)
+			}
+			if part != nil {
+				part.done() // failed before it was partitioned, or after
 			}
 			wg.Done()
 		})
 	}
+	waitFor(ctx, &parted)
 	if err := p.client.Flush(ctx); err != nil {
 		// Not sent yet: fail them now, or the next Flush would send them
 		// behind the relayer's back.
 		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
 	}
 	wg.Wait()
+}
+
+// partitionHook tells a record's partitionedRecord (its Context) that
+// the client put it in its partition's buffer. Records of a topic the
+// client does not know yet wait for its metadata, then are partitioned
+// one by one: a Flush already running sends the first of them while the
+// rest are not there yet, and when the broker refuses that request the
+// client fails only what its buffer held; the rest go in a later request
+// and can be acknowledged, overtaking the refused records of their
+// aggregates (seen on a topic's first batch). So produce flushes only once
+// every record of the batch is partitioned (or failed).
+type partitionHook struct{}
+
+var _ kgo.HookProduceRecordPartitioned = partitionHook{}
+
+func (partitionHook) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
+	if rc, ok := r.Context.(*recordContext); ok {
+		rc.part.done()
+	}
+}
+
+// recordContext is a record's Context while produce waits for it to be
+// partitioned: its parent's, and the record's partitionedRecord.
+type recordContext struct {
+	context.Context
+	part partitionedRecord
+}
+
+// partitionedRecord counts one record down in a batch's WaitGroup, once:
+// when it is partitioned, or when it fails first.
+type partitionedRecord struct {
+	once sync.Once
+	wg   *sync.WaitGroup
+}
+
+func (p *partitionedRecord) done() { p.once.Do(p.wg.Done) }
+
+// waitFor waits for wg, or for ctx to end.
+func waitFor(ctx context.Context, wg *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // notBehindFailure returns the records of next whose aggregate has no

@@ -121,8 +121,10 @@ func (t *TxPublisher) OpenLane(ctx context.Context, id string) (relay.Lane, []by
 	if err != nil {
 		return nil, nil, err
 	}
+	// With partitionHook, as the lane's Publisher shares t's limits and
+	// so waits for its records to be partitioned before it flushes.
 	own := append(kafka.TransactionalProducerOptions(id, t.cfg.TransactionTimeout),
-		kgo.ProducerBatchMaxBytesFn(t.limits.batchMaxBytes), kgo.ManualFlushing())
+		kgo.ProducerBatchMaxBytesFn(t.limits.batchMaxBytes), kgo.ManualFlushing(), kgo.WithHooks(partitionHook{}))
 	cl, err := kgo.NewClient(append(own, opts...)...)
 	if err != nil {
 		return nil, nil, err
