@@ -214,7 +214,7 @@ func TestPartitionRetentionFinishesAnInterruptedDetach(t *testing.T) {
 		// when it ends.
 		res, err = ops.Cleanup(ctx, db.Pool, ops.CleanupConfig{Tables: db.Tables, Retention: day, SkipProcessed: true, Logger: log})
 		return !errors.Is(err, ops.ErrCleanupRunning)
-	}, 10*time.Second, 50*time.Millisecond)
+	}, 30*time.Second, 50*time.Millisecond, "the stopped cleanup's lock was never let go")
 	require.NoError(t, err)
 	require.Equal(t, []string{ps[0].Name}, res.Partitions.Finished)
 	require.Len(t, res.Partitions.Dropped, 3, "p0 (finished), p100 and p200")

@@ -107,7 +107,11 @@ func TestFlushStartsOnceEveryRecordIsPartitioned(t *testing.T) {
 			for _, err := range pub.Publish(context.Background(), batch) {
 				require.NoError(t, err)
 			}
-			require.Equal(t, []int64{600}, w.flushes(), "records partitioned when each Flush began")
+			flushes := w.flushes()
+			require.NotEmpty(t, flushes)
+			for _, n := range flushes {
+				require.Equal(t, int64(600), n, "records partitioned when a Flush began: %v", flushes)
+			}
 		})
 	}
 }
@@ -136,4 +140,46 @@ func (w *flushWatch) flushes() []int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.atFlush)
+}
+
+// The client partitions a new topic's records a moment before it stores
+// the topic's partitions, where a Flush finds what to drain: a Flush
+// started in that moment misses them. A hook that holds the client there
+// (sleeping on the last record) makes the moment long: the publisher's
+// Flush starts again and every record is acknowledged.
+func TestFlushStartedBeforeANewTopicIsStoredStillDelivers(t *testing.T) {
+	t.Parallel()
+	b, err := devkafka.Start(devkafka.Config{Partitions: 3})
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	slow := &slowLastPartition{n: 10, pause: 500 * time.Millisecond}
+	cl, err := kafkapub.NewPublisherClient(kafka.ClientConfig{Brokers: []string{b.Addr()}, Opts: []kgo.Opt{
+		kgo.RecordDeliveryTimeout(10 * time.Second), kgo.WithHooks(slow),
+	}})
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	pub := kafkapub.NewPublisher(cl, kafkapub.PublisherConfig{})
+	var batch []relay.Message
+	for i := range slow.n {
+		batch = append(batch, msg(int64(i+1), uuid.New(), "late", 100))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i, err := range pub.Publish(ctx, batch) {
+		require.NoError(t, err, "record %d", i+1)
+	}
+}
+
+// slowLastPartition sleeps in the client when it partitions its n-th
+// record.
+type slowLastPartition struct {
+	n     int64
+	pause time.Duration
+	seen  atomic.Int64
+}
+
+func (s *slowLastPartition) OnProduceRecordPartitioned(*kgo.Record, int32) {
+	if s.seen.Add(1) == s.n {
+		time.Sleep(s.pause)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -454,12 +455,46 @@ func (p *Publisher) produce(ctx context.Context, msgs []relay.Message, idx []int
 		})
 	}
 	waitFor(ctx, &parted)
-	if err := p.client.Flush(ctx); err != nil {
+	settled := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(settled)
+	}()
+	if err := p.flush(ctx, settled); err != nil {
 		// Not sent yet: fail them now, or the next Flush would send them
 		// behind the relayer's back.
 		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
 	}
-	wg.Wait()
+	<-settled
+}
+
+// flushRetry bounds each Flush of flush.
+const flushRetry = 250 * time.Millisecond
+
+// flush flushes the client until every record of the batch has its result
+// (settled closes) or ctx ends. A Flush drains the partitions it finds
+// loaded when it starts, and the records of a topic the client has just
+// learned are partitioned a moment before its partitions are stored: a
+// Flush started in that moment misses them and would wait for them in
+// vain. So each Flush is bounded by flushRetry, and one that ends with
+// records of the batch still out starts again.
+func (p *Publisher) flush(ctx context.Context, settled <-chan struct{}) error {
+	for {
+		fctx, cancel := context.WithTimeout(ctx, flushRetry)
+		err := p.client.Flush(fctx)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		select {
+		case <-settled:
+			return nil
+		default:
+		}
+	}
 }
 
 // partitionHook tells a record's partitionedRecord (its Context) that
@@ -476,16 +511,26 @@ type partitionHook struct{}
 var _ kgo.HookProduceRecordPartitioned = partitionHook{}
 
 func (partitionHook) OnProduceRecordPartitioned(r *kgo.Record, _ int32) {
-	if rc, ok := r.Context.(*recordContext); ok {
-		rc.part.done()
+	if part, ok := r.Context.Value(partitionedKey{}).(*partitionedRecord); ok {
+		part.done()
 	}
 }
 
+type partitionedKey struct{}
+
 // recordContext is a record's Context while produce waits for it to be
-// partitioned: its parent's, and the record's partitionedRecord.
+// partitioned: its parent's, with the record's partitionedRecord under
+// partitionedKey (found through any context another hook wraps it in).
 type recordContext struct {
 	context.Context
 	part partitionedRecord
+}
+
+func (c *recordContext) Value(key any) any {
+	if key == (partitionedKey{}) {
+		return &c.part
+	}
+	return c.Context.Value(key)
 }
 
 // partitionedRecord counts one record down in a batch's WaitGroup, once:

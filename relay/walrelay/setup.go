@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -548,6 +549,9 @@ func Teardown(ctx context.Context, db outbox.DB, slot, publication string) error
 	if err := validNames(slot, publication); err != nil {
 		return err
 	}
+	if err := waitSlotReleased(ctx, db, slot); err != nil {
+		return err
+	}
 	if _, err := db.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot); err != nil {
 		return fmt.Errorf("walrelay: drop slot %s (stop the relayers reading it first): %w", slot, err)
 	}
@@ -555,6 +559,32 @@ func Teardown(ctx context.Context, db outbox.DB, slot, publication string) error
 		return fmt.Errorf("walrelay: drop publication %s: %w", publication, err)
 	}
 	return nil
+}
+
+// slotReleaseWait is how long Teardown waits for a slot to be let go: a
+// relayer that has just stopped leaves its walsender reading the slot
+// until the server notices that the connection closed.
+const slotReleaseWait = 5 * time.Second
+
+// waitSlotReleased waits, up to slotReleaseWait, until no process reads
+// slot (or it does not exist); after that the drop fails and says why.
+func waitSlotReleased(ctx context.Context, db outbox.DB, slot string) error {
+	deadline := time.Now().Add(slotReleaseWait)
+	for {
+		var active bool
+		err := db.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		if err != nil {
+			return fmt.Errorf("walrelay: read slot %s: %w", slot, err)
+		}
+		if !active || time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func validNames(slot, publication string) error {
