@@ -21,6 +21,16 @@ import (
 	"github.com/pgoutbox/outbox/relay/kafkapub"
 )
 
+// clientKinds are the publisher clients the ordering tests run on: a
+// publisher's own, and one several publishers share.
+var clientKinds = []struct {
+	name      string
+	newClient func(kafka.ClientConfig) (*kgo.Client, error)
+}{
+	{"own client", kafkapub.NewPublisherClient},
+	{"shared client", kafkapub.NewSharedPublisherClient},
+}
+
 // One aggregate's records fill many produce requests to its partition
 // (a small batch limit). The broker refuses, for good, the request that
 // carries one of them: no later record of the aggregate may be
@@ -30,13 +40,7 @@ import (
 // one, and a later event landed ahead of an earlier one it kept waiting.
 func TestRefusedRequestLetsNoLaterRecordOfItsAggregateThrough(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name      string
-		newClient func(kafka.ClientConfig) (*kgo.Client, error)
-	}{
-		{"own client", kafkapub.NewPublisherClient},
-		{"shared client", kafkapub.NewSharedPublisherClient},
-	} {
+	for _, tc := range clientKinds {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b, err := devkafka.Start(devkafka.Config{Partitions: 1, MaxMessageBytes: 4_000})
@@ -81,13 +85,7 @@ func TestRefusedRequestLetsNoLaterRecordOfItsAggregateThrough(t *testing.T) {
 // the last record was partitioned, at every Flush.
 func TestFlushStartsOnceEveryRecordIsPartitioned(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name      string
-		newClient func(kafka.ClientConfig) (*kgo.Client, error)
-	}{
-		{"own client", kafkapub.NewPublisherClient},
-		{"shared client", kafkapub.NewSharedPublisherClient},
-	} {
+	for _, tc := range clientKinds {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b, err := devkafka.Start(devkafka.Config{Partitions: 6})

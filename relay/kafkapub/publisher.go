@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -432,6 +433,8 @@ func (p *Publisher) send(ctx context.Context, msgs []relay.Message, idx []int, e
 func (p *Publisher) produce(ctx context.Context, msgs []relay.Message, idx []int, errs []error) {
 	var wg, parted sync.WaitGroup
 	wg.Add(len(idx))
+	var out atomic.Int64 // records of the batch without their result yet
+	out.Store(int64(len(idx)))
 	var rctx []recordContext // one allocation for the batch, not one per record
 	if p.limits.partitioned {
 		parted.Add(len(idx))
@@ -451,48 +454,41 @@ func (p *Publisher) produce(ctx context.Context, msgs []relay.Message, idx []int
 			if part != nil {
 				part.done() // failed before it was partitioned, or after
 			}
+			out.Add(-1)
 			wg.Done()
 		})
 	}
-	waitFor(ctx, &parted)
-	settled := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(settled)
-	}()
-	if err := p.flush(ctx, settled); err != nil {
+	if rctx != nil {
+		waitFor(ctx, &parted)
+	}
+	if err := p.flush(ctx, &out); err != nil {
 		// Not sent yet: fail them now, or the next Flush would send them
 		// behind the relayer's back.
 		p.client.AbortBufferedRecords(context.WithoutCancel(ctx)) //nolint:errcheck // waits for in-flight requests
 	}
-	<-settled
+	wg.Wait()
 }
 
 // flushRetry bounds each Flush of flush.
 const flushRetry = 250 * time.Millisecond
 
 // flush flushes the client until every record of the batch has its result
-// (settled closes) or ctx ends. A Flush drains the partitions it finds
+// (out is 0) or ctx ends. A Flush drains the partitions it finds
 // loaded when it starts, and the records of a topic the client has just
 // learned are partitioned a moment before its partitions are stored: a
 // Flush started in that moment misses them and would wait for them in
 // vain. So each Flush is bounded by flushRetry, and one that ends with
 // records of the batch still out starts again.
-func (p *Publisher) flush(ctx context.Context, settled <-chan struct{}) error {
+func (p *Publisher) flush(ctx context.Context, out *atomic.Int64) error {
 	for {
 		fctx, cancel := context.WithTimeout(ctx, flushRetry)
 		err := p.client.Flush(fctx)
 		cancel()
 		switch {
-		case err == nil:
+		case err == nil, out.Load() == 0:
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
-		}
-		select {
-		case <-settled:
-			return nil
-		default:
 		}
 	}
 }
